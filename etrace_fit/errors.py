@@ -1,0 +1,29 @@
+"""Exception families of etrace_fit.
+
+Every error a user can trigger derives from :class:`EtraceError`; messages name the
+op, layer, state or argument involved, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "CompilationError", "ConfigError", "EtraceError", "ShapeError"]
+
+
+class EtraceError(Exception):
+    """Base class of all errors raised by etrace_fit."""
+
+
+class ShapeError(EtraceError, ValueError):
+    """An array reached an op or a layer with a shape (or dtype) it cannot take."""
+
+
+class ConfigError(EtraceError, ValueError):
+    """A constructor argument or environment setting is invalid or missing."""
+
+
+class CompilationError(EtraceError):
+    """The ETP compiler cannot analyse the model as written."""
+
+
+class CheckpointError(EtraceError):
+    """A checkpoint is missing, corrupted, or does not match the model."""

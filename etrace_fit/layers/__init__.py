@@ -1,0 +1,32 @@
+"""The layer library: every weight goes through an ETP op, every carried state is a
+``brainstate.HiddenState``. One call of a layer is one time step.
+
+Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics.
+"""
+
+from .linear import Conv1d, Conv2d, Flatten, Linear
+from .readout import LeakyRateReadout, LeakySpikeReadout
+from .rnn import GRUCell, LSTMCell, VanillaRNNCell
+from .sequential import Sequential
+from .spiking import ALIF, LIF
+from .surrogate import FastSigmoid, Sigmoid, Surrogate, Triangle, get_surrogate
+
+__all__ = [
+    "ALIF",
+    "Conv1d",
+    "Conv2d",
+    "FastSigmoid",
+    "Flatten",
+    "GRUCell",
+    "LIF",
+    "LSTMCell",
+    "LeakyRateReadout",
+    "LeakySpikeReadout",
+    "Linear",
+    "Sequential",
+    "Sigmoid",
+    "Surrogate",
+    "Triangle",
+    "VanillaRNNCell",
+    "get_surrogate",
+]

@@ -1,0 +1,220 @@
+"""Stateless weight layers: :class:`Linear`, :class:`Conv1d`, :class:`Conv2d`, :class:`Flatten`.
+
+Each weight goes through an ETP op (``etrace_fit.ops``) so the compiler can see it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from .. import ops
+from ..errors import ConfigError, ShapeError
+from ._base import check_last_axis, describe, make_param
+
+__all__ = ["Conv1d", "Conv2d", "Flatten", "Linear"]
+
+WeightFn = Callable[[jax.Array], jax.Array]
+
+
+def _weight_fn(mask: Any, weight_fn: WeightFn | None, shape: tuple[int, ...], layer: Any) -> WeightFn | None:
+    """The mask (applied first) chained with the user's weight function."""
+    fns = []
+    if mask is not None:
+        mask_shape = tuple(jnp.shape(mask))
+        try:
+            jnp.broadcast_shapes(mask_shape, shape)
+        except ValueError:
+            raise ShapeError(f"{describe(layer)}: mask of shape {mask_shape} does not broadcast to the weight's {shape}") from None
+        fns.append(ops.Masked(mask))
+    if weight_fn is not None:
+        if not callable(weight_fn):
+            raise ConfigError(f"{describe(layer)}: weight_fn must be callable, got {type(weight_fn).__name__}")
+        fns.append(weight_fn)
+    if not fns:
+        return None
+    return fns[0] if len(fns) == 1 else ops.Chain(tuple(fns))
+
+
+def _positive_int(layer_name: str, name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{layer_name}: {name} must be a positive int, got {value!r}")
+    return value
+
+
+class Linear(brainstate.nn.Module):
+    """Dense layer ``y = x @ weight_fn(W ⊙ mask) + b``.
+
+    Shapes: ``x: (..., in_size)`` → ``y: (..., out_size)``; ``W: (in_size, out_size)``,
+    ``b: (out_size,)``, both in one ``ParamState`` ``self.weight`` as
+    ``{"weight": W, "bias": b}``.
+
+    Args:
+        in_size, out_size: feature sizes.
+        w_init, b_init: initializers (``brainstate.nn.init``) or arrays.
+        with_bias: whether to learn ``b``.
+        mask: optional array broadcastable to ``W``; zeros cut connections.
+        weight_fn: optional shape-preserving function of ``W`` (e.g. ``ops.Positive()``).
+
+    Example::
+
+        layer = Linear(40, 100)
+        y = layer(jnp.ones((8, 40)))      # (8, 100)
+        layer.weight.value["weight"]      # (40, 100)
+    """
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int,
+        *,
+        w_init: Any = None,
+        b_init: Any = None,
+        with_bias: bool = True,
+        mask: Any = None,
+        weight_fn: WeightFn | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        self.in_features = _positive_int("Linear", "in_size", in_size)
+        self.out_features = _positive_int("Linear", "out_size", out_size)
+        self._summary = f"{in_size}, {out_size}"
+        self.in_size = (in_size,)
+        self.out_size = (out_size,)
+        shape = (in_size, out_size)
+        w_init = brainstate.nn.init.KaimingNormal(scale=1.0) if w_init is None else w_init
+        params = {"weight": make_param(w_init, shape, "w_init", self)}
+        if with_bias:
+            b_init = brainstate.nn.init.ZeroInit() if b_init is None else b_init
+            params["bias"] = make_param(b_init, (out_size,), "b_init", self)
+        self.weight = brainstate.ParamState(params)
+        self.weight_fn = _weight_fn(mask, weight_fn, shape, self)
+
+    def update(self, x: Any) -> Any:
+        check_last_axis(self, x, self.in_features)
+        params = self.weight.value
+        return ops.matmul(x, params["weight"], params.get("bias"), weight_fn=self.weight_fn)
+
+
+class _ConvNd(brainstate.nn.Module):
+    num_spatial: int = 0
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        *,
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[Any] = "SAME",
+        dilation: int | Sequence[int] = 1,
+        w_init: Any = None,
+        b_init: Any = None,
+        with_bias: bool = True,
+        mask: Any = None,
+        weight_fn: WeightFn | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        cls = type(self).__name__
+        self.in_channels = _positive_int(cls, "in_channels", in_channels)
+        self.out_channels = _positive_int(cls, "out_channels", out_channels)
+        kernel = (kernel_size,) * self.num_spatial if isinstance(kernel_size, int) else tuple(kernel_size)
+        if len(kernel) != self.num_spatial:
+            raise ConfigError(f"{cls}: kernel_size must be an int or {self.num_spatial} ints, got {kernel_size!r}")
+        for k in kernel:
+            _positive_int(cls, "kernel_size", k)
+        self.kernel_size = kernel
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self._summary = f"{in_channels}, {out_channels}, kernel_size={kernel if self.num_spatial > 1 else kernel[0]}"
+        shape = (*kernel, in_channels, out_channels)
+        w_init = brainstate.nn.init.KaimingNormal(scale=1.0) if w_init is None else w_init
+        params = {"weight": make_param(w_init, shape, "w_init", self)}
+        if with_bias:
+            b_init = brainstate.nn.init.ZeroInit() if b_init is None else b_init
+            params["bias"] = make_param(b_init, (out_channels,), "b_init", self)
+        self.weight = brainstate.ParamState(params)
+        self.weight_fn = _weight_fn(mask, weight_fn, shape, self)
+
+    def update(self, x: Any) -> Any:
+        ndim = jnp.ndim(x)
+        if ndim not in (self.num_spatial + 1, self.num_spatial + 2):
+            layout = "(B, L, C)" if self.num_spatial == 1 else "(B, H, W, C)"
+            raise ShapeError(f"{describe(self)}: expected channels-last input {layout} (batch optional), got x.shape={tuple(jnp.shape(x))}")
+        check_last_axis(self, x, self.in_channels, what="channels")
+        params = self.weight.value
+        return ops.conv(
+            x, params["weight"], params.get("bias"),
+            stride=self.stride, padding=self.padding, dilation=self.dilation, weight_fn=self.weight_fn,
+        )
+
+
+class Conv1d(_ConvNd):
+    """1-D convolution, channels last: ``y[b, l, o] = Σ_{k, c} x[b, l·s + k·d, c] W[k, c, o] + b[o]``.
+
+    Shapes: ``x: (B, L, in_channels)`` (or ``(L, in_channels)``) →
+    ``y: (B, L_out, out_channels)``; ``W: (kernel_size, in_channels, out_channels)``.
+
+    Args:
+        in_channels, out_channels, kernel_size: sizes.
+        stride, padding (``"SAME"``, ``"VALID"``, int or pairs), dilation: geometry.
+        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+
+    Example::
+
+        layer = Conv1d(2, 8, kernel_size=3)
+        y = layer(jnp.ones((4, 100, 2)))  # (4, 100, 8)
+    """
+
+    num_spatial = 1
+
+
+class Conv2d(_ConvNd):
+    """2-D convolution, channels last (NHWC input, HWIO kernel).
+
+    Shapes: ``x: (B, H, W, in_channels)`` (or without ``B``) →
+    ``y: (B, H_out, W_out, out_channels)``; ``W: (KH, KW, in_channels, out_channels)``.
+
+    Args:
+        in_channels, out_channels, kernel_size (int or pair): sizes.
+        stride, padding, dilation: geometry (int or one per axis).
+        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+
+    Example::
+
+        layer = Conv2d(2, 16, kernel_size=3, stride=2)
+        y = layer(jnp.ones((4, 34, 34, 2)))  # (4, 17, 17, 16)
+    """
+
+    num_spatial = 2
+
+
+class Flatten(brainstate.nn.Module):
+    """Flattens feature axes: ``(B, d1, ..., dk) → (B, d1·…·dk)``.
+
+    With ``num_feature_axes=None`` every axis after the first (the batch axis) is
+    flattened; with ``num_feature_axes=k`` the last ``k`` axes are, which also works on
+    unbatched input.
+
+    Example::
+
+        flat = Flatten()
+        y = flat(jnp.ones((4, 17, 17, 16)))  # (4, 4624)
+    """
+
+    def __init__(self, num_feature_axes: int | None = None, *, name: str | None = None):
+        super().__init__(name=name)
+        if num_feature_axes is not None:
+            _positive_int("Flatten", "num_feature_axes", num_feature_axes)
+        self.num_feature_axes = num_feature_axes
+
+    def update(self, x: Any) -> Any:
+        shape = tuple(jnp.shape(x))
+        k = len(shape) - 1 if self.num_feature_axes is None else self.num_feature_axes
+        if k < 1 or k > len(shape):
+            raise ShapeError(f"{describe(self)}: cannot flatten {k} feature axes of x.shape={shape}")
+        return jnp.reshape(x, (*shape[: len(shape) - k], math.prod(shape[len(shape) - k :])))

@@ -1,0 +1,171 @@
+"""Rate-based recurrent cells: :class:`VanillaRNNCell`, :class:`GRUCell`, :class:`LSTMCell`.
+
+Every gate has its own :class:`~etrace_fit.layers.Linear` (no fused gate matrix), so
+each weight's output has the shape of the hidden state it drives and the compiler can
+relate it per unit. One call is one time step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError
+from ._base import check_last_axis, make_state
+from .linear import Linear
+
+__all__ = ["GRUCell", "LSTMCell", "VanillaRNNCell"]
+
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "tanh": jnp.tanh,
+    "relu": jax.nn.relu,
+    "sigmoid": jax.nn.sigmoid,
+    "identity": lambda v: v,
+}
+
+
+def _activation(name_or_fn: str | Callable, layer: str) -> Callable[[jax.Array], jax.Array]:
+    if callable(name_or_fn):
+        return name_or_fn
+    if name_or_fn not in _ACTIVATIONS:
+        raise ConfigError(f"{layer}: unknown activation {name_or_fn!r}; valid: {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name_or_fn]
+
+
+class _Cell(brainstate.nn.Module):
+    """Shared set-up: sizes, the state initializer, and the input check."""
+
+    _hidden_names: tuple[str, ...] = ("h",)
+
+    def __init__(self, in_size: int, hidden_size: int, state_init: Any, name: str | None):
+        super().__init__(name=name)
+        for arg, value in (("in_size", in_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{type(self).__name__}: {arg} must be a positive int, got {value!r}")
+        self.in_features, self.hidden_size = in_size, hidden_size
+        self.in_size, self.out_size = (in_size,), (hidden_size,)
+        self._summary = f"{in_size}, {hidden_size}"
+        self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
+
+    def _gate(self, x: Any, h: jax.Array) -> jax.Array:
+        check_last_axis(self, x, self.in_features)
+        return jnp.concatenate([x, h], axis=-1)
+
+    def init_state(self, batch_size: int | None = None, **kwargs) -> None:
+        for state_name in self._hidden_names:
+            setattr(self, state_name, brainstate.HiddenState(make_state(self._state_init, (self.hidden_size,), batch_size)))
+
+    def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
+        for state_name in self._hidden_names:
+            getattr(self, state_name).value = make_state(self._state_init, (self.hidden_size,), batch_size)
+
+
+class VanillaRNNCell(_Cell):
+    """Elman cell ``h^t = φ([x^t, h^{t-1}] W + b)``.
+
+    Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)`` (``B`` optional);
+    ``W: (in_size + hidden_size, hidden_size)`` in ``self.W``.
+
+    Args:
+        in_size, hidden_size: sizes.
+        activation: ``"tanh"`` (default), ``"relu"``, ``"sigmoid"``, ``"identity"`` or a callable.
+        w_init, b_init: initializers of ``W`` and ``b``; state_init: of ``h``.
+
+    Example::
+
+        cell = VanillaRNNCell(10, 32); brainstate.nn.init_all_states(cell, batch_size=8)
+        h = cell(jnp.ones((8, 10)))       # (8, 32)
+        cell.h.value                      # the carried state, (8, 32)
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, activation: str | Callable = "tanh",
+                 w_init: Any = None, b_init: Any = None, state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        self.activation = _activation(activation, "VanillaRNNCell")
+        self.W = Linear(in_size + hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        self.h.value = self.activation(self.W(self._gate(x, self.h.value)))
+        return self.h.value
+
+
+class GRUCell(_Cell):
+    """Gated recurrent unit (Cho et al. 2014), one weight per gate::
+
+        z = σ([x, h] W_z + b_z)              update gate
+        r = σ([x, h] W_r + b_r)              reset gate
+        n = tanh([x, r ⊙ h] W_h + b_h)       candidate
+        h^t = (1 − z) ⊙ h^{t-1} + z ⊙ n
+
+    Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)``; each ``W_*`` is
+    ``(in_size + hidden_size, hidden_size)``. ``W_r`` reaches ``h`` only through
+    ``W_h``'s input, so the compiler relates it to nothing (weight-to-weight).
+
+    Example::
+
+        cell = GRUCell(10, 32); brainstate.nn.init_all_states(cell, batch_size=8)
+        h = cell(jnp.ones((8, 10)))       # (8, 32)
+        sorted(cell.states(brainstate.ParamState))  # W_h, W_r, W_z
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        total = in_size + hidden_size
+        self.W_z = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_r = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        h = self.h.value
+        xh = self._gate(x, h)
+        z = jax.nn.sigmoid(self.W_z(xh))
+        r = jax.nn.sigmoid(self.W_r(xh))
+        n = jnp.tanh(self.W_h(jnp.concatenate([x, r * h], axis=-1)))
+        self.h.value = (1.0 - z) * h + z * n
+        return self.h.value
+
+
+class LSTMCell(_Cell):
+    """Long short-term memory cell, one weight per gate::
+
+        i = σ([x, h] W_i + b_i)   f = σ([x, h] W_f + b_f)   o = σ([x, h] W_o + b_o)
+        g = tanh([x, h] W_g + b_g)
+        c^t = f ⊙ c^{t-1} + i ⊙ g
+        h^t = o ⊙ tanh(c^t)
+
+    Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)``; states ``h`` and ``c``,
+    each ``(B, hidden_size)``; each ``W_*`` is ``(in_size + hidden_size, hidden_size)``.
+    ``b_f`` starts at ``forget_bias`` (1.0) so memories are kept early in training.
+
+    Example::
+
+        cell = LSTMCell(10, 32); brainstate.nn.init_all_states(cell, batch_size=8)
+        h = cell(jnp.ones((8, 10)))       # (8, 32)
+        cell.c.value.shape                # (8, 32)
+    """
+
+    _hidden_names = ("h", "c")
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 forget_bias: float = 1.0, state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        total = in_size + hidden_size
+        self.W_i = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = Linear(total, hidden_size, w_init=w_init,
+                          b_init=brainstate.nn.init.Constant(forget_bias) if b_init is None else b_init)
+        self.W_g = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        xh = self._gate(x, self.h.value)
+        i = jax.nn.sigmoid(self.W_i(xh))
+        f = jax.nn.sigmoid(self.W_f(xh))
+        g = jnp.tanh(self.W_g(xh))
+        o = jax.nn.sigmoid(self.W_o(xh))
+        self.c.value = f * self.c.value + i * g
+        self.h.value = o * jnp.tanh(self.c.value)
+        return self.h.value

@@ -1,0 +1,57 @@
+"""``Sequential``: layers applied in order, one time step per call."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import brainstate
+
+from ..errors import ConfigError, EtraceError
+from ._base import describe
+
+__all__ = ["Sequential"]
+
+
+class Sequential(brainstate.nn.Module):
+    """Applies ``layers`` in order; one call is one time step of the whole stack.
+
+    States keep their layers' paths under ``layers``: the first layer's weight is at
+    ``("layers", 0, "weight")``. An error raised inside a layer is re-raised with the
+    layer's index and name in front, so a shape mismatch says which layer it hit.
+
+    Example::
+
+        model = Sequential(Linear(40, 100), LIF(100), Linear(100, 2))
+        brainstate.nn.init_all_states(model, batch_size=8)
+        y = model(jnp.ones((8, 40)))      # (8, 2)
+    """
+
+    def __init__(self, *layers: Any, name: str | None = None):
+        super().__init__(name=name)
+        for index, layer in enumerate(layers):
+            if not callable(layer):
+                raise ConfigError(f"Sequential: layer {index} must be a module or a callable, got {type(layer).__name__}")
+        self.layers = list(layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.layers)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.layers[index]
+
+    def update(self, x: Any) -> Any:
+        for index, layer in enumerate(self.layers):
+            try:
+                x = layer(x)
+            except EtraceError as error:
+                if getattr(error, "_etrace_located", False):
+                    raise
+                name, message = describe(layer), str(error)
+                where = f"Sequential.layers[{index}]" + ("" if message.startswith(name) else f" {name}:")
+                located = type(error)(f"{where} {message}")
+                located._etrace_located = True
+                raise located from error
+        return x

@@ -1,0 +1,19 @@
+"""Test options shared by the whole suite.
+
+``--slow`` also runs the tests marked ``@pytest.mark.slow`` (``.ci/run`` passes it).
+"""
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip_slow = pytest.mark.skip(reason="slow: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip_slow)
