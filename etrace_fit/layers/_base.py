@@ -6,7 +6,6 @@ layer needs besides that. Read ``linear.py`` next for the simplest layer.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import brainstate
@@ -52,19 +51,26 @@ def check_last_axis(layer: Any, x: Any, expected: int, what: str = "features") -
 
 
 def make_param(initializer: Initializer, shape: Sequence[int], what: str, layer: Any) -> jax.Array:
-    """A parameter array of ``shape`` in the environment's float dtype."""
-    value = brainstate.nn.init.param(initializer, tuple(shape), allow_none=False)
-    if u.get_unit(value).is_unitless:
-        value = jnp.asarray(u.get_mantissa(value), dtype=brainstate.environ.dftype())
-    if tuple(jnp.shape(value)) != tuple(shape):
-        try:
-            value = jnp.broadcast_to(value, tuple(shape))
-        except ValueError:
-            raise ShapeError(
-                f"{describe(layer)}: {what} must broadcast to shape {tuple(shape)}, "
-                f"got shape {tuple(jnp.shape(value))}"
-            ) from None
-    return value
+    """A parameter array of ``shape`` in the environment's float dtype.
+
+    ``initializer`` is a ``brainstate.nn.init`` initializer, a callable of the shape,
+    or an array that broadcasts to ``shape``.
+    """
+    shape = tuple(shape)
+    if callable(initializer):
+        value = brainstate.nn.init.param(initializer, shape, allow_none=False)
+    else:
+        value = initializer
+    mantissa = jnp.asarray(u.get_mantissa(value))
+    try:
+        mantissa = jnp.broadcast_to(mantissa, shape)
+    except ValueError:
+        raise ShapeError(
+            f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, got shape {mantissa.shape}"
+        ) from None
+    unit = u.get_unit(value)
+    mantissa = mantissa.astype(brainstate.environ.dftype())
+    return mantissa if unit.is_unitless else u.Quantity(mantissa, unit=unit)
 
 
 def make_state(initializer: Initializer, size: Sequence[int], batch_size: int | None) -> jax.Array:
@@ -73,15 +79,30 @@ def make_state(initializer: Initializer, size: Sequence[int], batch_size: int | 
     return jnp.asarray(value, dtype=brainstate.environ.dftype())
 
 
-@dataclasses.dataclass(frozen=True)
 class Decay:
     """``exp(-dt / tau)``: the per-step decay of a leaky variable with time constant tau.
 
-    A value object, so the elementwise ETP op that learns ``tau`` gets a hashable fn.
-    ``dt`` and ``tau`` may be saiunit quantities of the same dimension.
+    A hashable value (compared by dt's value and unit), so the elementwise ETP op that
+    learns ``tau`` gets a fn that jit can cache on. ``dt`` and ``tau`` may be saiunit
+    quantities of the same dimension.
     """
 
-    dt: Any
+    def __init__(self, dt: Any):
+        self.dt = dt
+        try:
+            self._key = (float(jnp.asarray(u.get_mantissa(dt))), u.get_unit(dt))
+        except jax.errors.ConcretizationTypeError:
+            # dt traced by an enclosing transformation: only equal to itself.
+            self._key = (id(dt), u.get_unit(dt))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Decay) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((Decay, self._key))
+
+    def __repr__(self) -> str:
+        return f"Decay(dt={self.dt})"
 
     def __call__(self, tau: Any) -> jax.Array:
         ratio = self.dt / tau
@@ -114,6 +135,9 @@ def decay_of(layer: Any, tau: Any) -> jax.Array:
     from .. import ops
 
     decay = Decay(get_dt(layer))
-    if isinstance(tau, brainstate.ParamState):
-        return ops.elementwise(tau.value, fn=decay)
-    return decay(tau)
+    try:
+        if isinstance(tau, brainstate.ParamState):
+            return ops.elementwise(tau.value, fn=decay)
+        return decay(tau)
+    except ConfigError as error:
+        raise ConfigError(f"{describe(layer)}: {error}") from None

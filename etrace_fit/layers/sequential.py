@@ -47,11 +47,19 @@ class Sequential(brainstate.nn.Module):
             try:
                 x = layer(x)
             except EtraceError as error:
-                if getattr(error, "_etrace_located", False):
-                    raise
-                name, message = describe(layer), str(error)
-                where = f"Sequential.layers[{index}]" + ("" if message.startswith(name) else f" {name}:")
-                located = type(error)(f"{where} {message}")
-                located._etrace_located = True
-                raise located from error
+                raise _located(error, index, layer) from error
         return x
+
+
+def _located(error: EtraceError, index: int, layer: Any) -> EtraceError:
+    """The same error with ``Sequential.layers[i]`` (nested: ``.layers[i].layers[j]``) in front."""
+    inner = getattr(error, "_etrace_location", None)
+    if inner is None:
+        name, message = describe(layer), str(error)
+        where = f"layers[{index}]" + ("" if message.startswith(name) else f" {name}:")
+        original = message
+    else:
+        where, original = f"layers[{index}].{inner[0]}", inner[1]
+    located = type(error)(f"Sequential.{where} {original}")
+    located._etrace_location = (where, original)
+    return located

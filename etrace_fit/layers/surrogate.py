@@ -19,6 +19,7 @@ __all__ = ["FastSigmoid", "Sigmoid", "Surrogate", "Triangle", "get_surrogate"]
 
 @partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _heaviside(v, surrogate):
+    v = jnp.asarray(v)
     return (v > 0).astype(v.dtype)
 
 
@@ -35,7 +36,7 @@ class Surrogate:
     scale: float = 1.0
 
     def __call__(self, v: jax.Array) -> jax.Array:
-        return _heaviside(v, self)
+        return _heaviside(jnp.asarray(v), self)
 
     def derivative(self, v: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -53,8 +54,8 @@ class Sigmoid(Surrogate):
     alpha: float = 4.0
 
     def derivative(self, v):
-        s = jax.nn.sigmoid(self.alpha * v)
-        return self.scale * self.alpha * s * (1.0 - s)
+        # σ(αv)·σ(−αv) rather than s·(1 − s), which cancels in float32 for large αv.
+        return self.scale * self.alpha * jax.nn.sigmoid(self.alpha * v) * jax.nn.sigmoid(-self.alpha * v)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,11 +57,9 @@ class EtpOp(abc.ABC):
     def trainable_positions(self, num_operands: int) -> dict[str, int]:
         """Positions of the trainable operands by key (``"weight"``, ``"bias"``)."""
 
-    def split_operands(
-        self, operands: Sequence[Any], num_operands: int | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+    def split_operands(self, operands: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
         """``(x, {key: trainable operand})`` from an equation's operands in order."""
-        positions = self.trainable_positions(len(operands) if num_operands is None else num_operands)
+        positions = self.trainable_positions(len(operands))
         x = None if self.x_index is None else operands[self.x_index]
         return x, {key: operands[pos] for key, pos in positions.items()}
 

@@ -1,0 +1,175 @@
+"""Helpers shared by the layer tests (not a test module).
+
+* :func:`assert_close` compares pytrees with a dtype-dependent tolerance.
+* :func:`layer_grads` / :func:`check_fd` compute a model's gradients with
+  ``brainstate.transform.grad`` and compare a few entries of each parameter leaf with
+  central finite differences (float64).
+* :func:`make_spike` / :data:`PSEUDO_DERIVATIVES` give an independent spike function
+  (Heaviside forward, hand-written pseudo-derivative) for pure-jnp references.
+"""
+
+from __future__ import annotations
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+RTOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.float64): 1e-12}
+
+
+def assert_close(actual, expected, rtol=None, atol=None):
+    """Same tree, shapes and dtypes; values close (tolerance from the expected dtype).
+
+    Works on host copies (numpy), so it can run outside the 64-bit context too.
+    """
+    a_leaves, a_tree = jax.tree.flatten(actual)
+    e_leaves, e_tree = jax.tree.flatten(expected)
+    assert a_tree == e_tree, (a_tree, e_tree)
+    for a, e in zip(a_leaves, e_leaves):
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.shape == e.shape, (a.shape, e.shape)
+        assert a.dtype == e.dtype, (a.dtype, e.dtype)
+        tol = RTOL[jnp.dtype(e.dtype)] if rtol is None else rtol
+        e64 = e.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(e64), initial=0.0)))
+        np.testing.assert_allclose(a.astype(np.float64), e64, rtol=tol, atol=tol * scale if atol is None else atol)
+
+
+def randn(seed, *shape, scale=1.0):
+    """A standard-normal array in the current default float dtype."""
+    value = np.random.default_rng(seed).standard_normal(shape) * scale
+    return jnp.asarray(value, dtype=brainstate.environ.dftype())
+
+
+def values_of(states):
+    """``{path: state.value}`` of a ``FlattedDict`` of states."""
+    return {path: state.value for path, state in states.items()}
+
+
+def layer_grads(loss, params):
+    """``brainstate.transform.grad`` of a zero-argument loss w.r.t. ``params`` (a states dict)."""
+    return brainstate.transform.grad(loss, grad_states=params)()
+
+
+def check_fd(loss, params, grads, *, entries=6, eps=1e-6, rtol=1e-4, atol=1e-7, seed=0, skip_zero=None):
+    """Compare ``grads`` with central differences of ``loss`` at ``entries`` random
+    positions of every leaf of every state in ``params`` (restored afterwards).
+
+    ``loss`` takes no argument and reads the states; it is jitted (states are its
+    inputs, so perturbing a value does not recompile). Each leaf must have a non-zero
+    gradient somewhere, so the check is never vacuous. ``skip_zero(path, leaf_index)``
+    may exempt a leaf from that requirement.
+    """
+    f = brainstate.transform.jit(loss)
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for path, state in params.items():
+        original = state.value
+        leaves, treedef = jax.tree.flatten(original)
+        g_leaves, g_treedef = jax.tree.flatten(grads[path])
+        assert g_treedef == treedef, (path, g_treedef, treedef)
+        for li, (leaf, g_leaf) in enumerate(zip(leaves, g_leaves)):
+            assert g_leaf.shape == leaf.shape and g_leaf.dtype == leaf.dtype, path
+            if not (skip_zero and skip_zero(path, li)):
+                assert float(jnp.max(jnp.abs(g_leaf))) > 0, f"gradient of {path}[{li}] is all zero"
+            flat = np.asarray(leaf).ravel()
+            picks = rng.choice(flat.size, size=min(entries, flat.size), replace=False)
+            for pick in picks:
+                def at(delta):
+                    new = flat.copy()
+                    new[pick] += delta
+                    new_leaves = list(leaves)
+                    new_leaves[li] = jnp.asarray(new.reshape(leaf.shape), dtype=leaf.dtype)
+                    state.value = jax.tree.unflatten(treedef, new_leaves)
+                    return float(f())
+
+                fd = (at(eps) - at(-eps)) / (2 * eps)
+                state.value = original
+                g = float(np.asarray(g_leaf).ravel()[pick])
+                assert abs(g - fd) <= rtol * max(abs(g), abs(fd)) + atol, (
+                    f"{path} leaf {li} entry {pick}: analytic {g!r} vs finite difference {fd!r}"
+                )
+                checked += 1
+    assert checked > 0
+    return checked
+
+
+def check_grads_equal(actual, expected, rtol=1e-8, atol=1e-12):
+    """Gradient dicts keyed by state path agree leaf by leaf."""
+    assert set(actual) == set(expected), (set(actual), set(expected))
+    for path in expected:
+        a_leaves, a_tree = jax.tree.flatten(actual[path])
+        e_leaves, e_tree = jax.tree.flatten(expected[path])
+        assert a_tree == e_tree, path
+        for a, e in zip(a_leaves, e_leaves):
+            assert a.shape == e.shape and a.dtype == e.dtype, (path, a.shape, e.shape, a.dtype, e.dtype)
+            assert float(jnp.max(jnp.abs(e))) > 0, f"reference gradient of {path} is all zero"
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol, err_msg=str(path))
+
+
+# Pseudo-derivatives with the defaults documented in surrogate.py, written out again
+# here (independently of the library) for the references.
+def _sigmoid_d(v, alpha=4.0, scale=1.0):
+    s = 1.0 / (1.0 + jnp.exp(-alpha * v))
+    return scale * alpha * s * (1.0 - s)
+
+
+def _triangle_d(v, width=1.0, scale=1.0):
+    return scale * jnp.where(jnp.abs(v) < width, (1.0 - jnp.abs(v) / width) / width, 0.0)
+
+
+def _fast_sigmoid_d(v, alpha=10.0, scale=1.0):
+    return scale / (1.0 + alpha * jnp.abs(v)) ** 2
+
+
+PSEUDO_DERIVATIVES = {"sigmoid": _sigmoid_d, "triangle": _triangle_d, "fast_sigmoid": _fast_sigmoid_d}
+
+
+def make_spike(name, scale=1.0):
+    """Heaviside ``v > 0`` with the pseudo-derivative of surrogate ``name`` times ``scale``."""
+    deriv = PSEUDO_DERIVATIVES[name]
+
+    @jax.custom_jvp
+    def spike(v):
+        return (v > 0).astype(v.dtype)
+
+    @spike.defjvp
+    def _jvp(primals, tangents):
+        (v,), (dv,) = primals, tangents
+        return spike(v), deriv(v, scale=scale) * dv
+
+    return spike
+
+
+def run_loop(model, xs, batch_size, out=None):
+    """Reset ``model`` and run it over ``xs`` (time first) with ``brainstate.transform.for_loop``."""
+    brainstate.nn.reset_all_states(model, batch_size=batch_size)
+    body = (lambda x: model(x)) if out is None else (lambda x: out(model(x)))
+    return brainstate.transform.for_loop(body, xs)
+
+
+def rand_np(seed, *shape, scale=1.0):
+    """A float64 numpy standard-normal array: a cheap initializer (random initializers
+    of brainstate compile once per shape, which would dominate the suite's runtime)."""
+    return np.random.default_rng(seed).standard_normal(shape) * scale
+
+
+def randomize(module, seed=0, bias_scale=0.5):
+    """Give every dict-valued ``ParamState`` of ``module`` (Linear/conv/readout weights)
+    fresh random values: weights ~ N(0, 1/fan_in), biases ~ N(0, bias_scale²)."""
+    rng = np.random.default_rng(seed)
+    for _, state in sorted(module.states(brainstate.ParamState).items()):
+        value = state.value
+        if not isinstance(value, dict):
+            continue
+        new = {}
+        for key in sorted(value):
+            leaf = value[key]
+            if key == "weight":
+                scale = 1.0 / np.sqrt(np.prod(leaf.shape[:-1]))
+            else:
+                scale = bias_scale
+            new[key] = jnp.asarray(rng.standard_normal(leaf.shape) * scale, dtype=leaf.dtype)
+        state.value = new
+    return module
