@@ -39,10 +39,16 @@ __all__ = [
     "Var",
     "eval_jaxpr",
     "is_symbolic_zero",
+    "is_tracer",
     "jaxpr_as_fun",
     "new_jaxpr_eqn",
     "register_primitive",
 ]
+
+
+def is_tracer(value: Any) -> bool:
+    """True when ``value`` is a JAX tracer (an abstract value under a transformation)."""
+    return isinstance(value, jax.core.Tracer)
 
 
 def is_symbolic_zero(tangent: Any) -> bool:

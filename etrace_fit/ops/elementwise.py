@@ -16,7 +16,7 @@ import saiunit as u
 from .. import _compat
 from ..errors import ShapeError
 from ._units import attach_unit, split_unit
-from .registry import EtpOp
+from .registry import EtpOp, check_no_traced_capture
 
 __all__ = ["elementwise", "etp_elemwise_p"]
 
@@ -110,16 +110,18 @@ def elementwise(w: Any, fn: ParamFn | None = None) -> Any:
             quantity, in which case ``fn`` receives the quantity.
         fn: an elementwise function (identity by default): its output must have the
             shape of ``w``. Pass a hashable callable (module-level function or frozen
-            dataclass) so repeated calls share jit caches.
+            dataclass) so repeated calls share jit caches. It is a static part of the
+            op: the values it closes over must be concrete, not traced.
 
     Returns:
         ``fn(w)`` with ``w``'s shape (a quantity when ``fn`` returns one).
 
-    Example::
+    Example (``dt`` a Python float)::
 
         alpha = elementwise(tau, fn=lambda tau: jnp.exp(-dt / tau))
     """
     fn = _identity if fn is None else fn
+    check_no_traced_capture("etp_elemwise", "fn", fn)
     theta, unit = split_unit(w)
     if unit.is_unitless:
         inner, out_unit = fn, unit

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from .._compat import Primitive
-from ..errors import ShapeError
+from .._compat import is_tracer
+from ..errors import ConfigError, ShapeError
 
 __all__ = ["EtpOp", "etp_op_info", "is_etp_primitive", "registered_ops"]
 
@@ -179,9 +180,44 @@ def check_weight_fn(op: str, weight_fn: Callable[[jax.Array], jax.Array] | None,
         return
     if not callable(weight_fn):
         raise ShapeError(f"{op}: weight_fn must be callable or None, got {type(weight_fn).__name__}")
+    check_no_traced_capture(op, "weight_fn", weight_fn)
     effective = jax.eval_shape(weight_fn, jax.ShapeDtypeStruct(weight.shape, weight.dtype))
     if tuple(effective.shape) != tuple(weight.shape):
         raise ShapeError(
             f"{op}: weight_fn must keep the weight's shape {tuple(weight.shape)}, "
             f"it returned {tuple(effective.shape)}"
+        )
+
+
+def _captured_values(fn: Any, depth: int = 0) -> list[Any]:
+    """Values a callable closes over: closure cells and attributes, one level into callables."""
+    found = []
+    cells = getattr(fn, "__closure__", None) or ()
+    members = [cell.cell_contents for cell in cells if cell.cell_contents is not None]
+    members += list(getattr(fn, "__dict__", {}).values())
+    for member in members:
+        if callable(member) and not hasattr(member, "shape") and depth < 2:
+            found.extend(_captured_values(member, depth + 1))
+        elif isinstance(member, (tuple, list)) and depth < 2:
+            for item in member:
+                found.extend(_captured_values(item, depth + 1) if callable(item) else jax.tree.leaves(item))
+        else:
+            found.extend(jax.tree.leaves(member))
+    return found
+
+
+def check_no_traced_capture(op: str, argument: str, fn: Any) -> None:
+    """Raise :class:`ConfigError` when ``fn`` closes over a traced value.
+
+    The function is a static parameter of the primitive; a tracer captured from an
+    enclosing ``jit``/``vmap``/``grad`` would leak out of its trace (JAX's
+    "UnexpectedTracerError" or "No constant handler"). Such values must be concrete.
+    """
+    if fn is None:
+        return
+    if any(is_tracer(value) for value in _captured_values(fn)):
+        raise ConfigError(
+            f"{op}: {argument} closes over a traced value (an argument of an enclosing jit, vmap or "
+            f"grad); {argument} is a static part of the op, so the values it uses must be concrete "
+            f"(Python numbers or arrays known before tracing)"
         )
