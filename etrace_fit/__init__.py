@@ -1,10 +1,12 @@
 """etrace_fit: online (eligibility-trace) training of recurrent and spiking networks in JAX.
 
 Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
-:mod:`etrace_fit.ops`, errors in :mod:`etrace_fit.errors`.
+:mod:`etrace_fit.ops`, the compiler that analyses a model's step in
+:mod:`etrace_fit.compiler` (:func:`compile_graph`), errors in :mod:`etrace_fit.errors`.
 """
 
-from . import errors, layers, ops
+from . import compiler, errors, layers, ops
+from .compiler import ETraceGraph, compile_graph
 from .errors import CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
 
@@ -14,10 +16,13 @@ __all__ = [
     "CheckpointError",
     "CompilationError",
     "ConfigError",
+    "ETraceGraph",
     "EtraceError",
     "Sequential",
     "ShapeError",
     "__version__",
+    "compile_graph",
+    "compiler",
     "errors",
     "layers",
     "ops",

@@ -12,12 +12,14 @@ from typing import Any, Callable
 import jax
 from jax.extend.core import (  # noqa: F401  (re-exported for the compiler)
     ClosedJaxpr,
+    DropVar,
     Jaxpr,
     JaxprEqn,
     Literal,
     Primitive,
     Var,
     jaxpr_as_fun,
+    jaxprs_in_params,
     new_jaxpr_eqn,
 )
 from jax.interpreters import ad, batching, mlir
@@ -30,6 +32,13 @@ NOT_MAPPED = None
 
 __all__ = [
     "ClosedJaxpr",
+    "DropVar",
+    "control_flow_operands",
+    "eval_equation",
+    "interpret",
+    "is_nested_jit",
+    "jaxprs_in_params",
+    "nested_jit_jaxpr",
     "Jaxpr",
     "JaxprEqn",
     "Literal",
@@ -87,3 +96,83 @@ def register_primitive(
     ad.primitive_jvps[primitive] = jvp
     batching.primitive_batchers[primitive] = batch
     return primitive
+
+
+# ----------------------------------------------------------------- jaxpr interpreter
+_NESTED_JIT = ("jit", "pjit", "closed_call", "core_call")
+
+
+def is_nested_jit(eqn: JaxprEqn) -> bool:
+    """Whether ``eqn`` calls a nested jitted function (inlinable without changing meaning)."""
+    return eqn.primitive.name in _NESTED_JIT and "jaxpr" in eqn.params
+
+
+def nested_jit_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
+    """The closed jaxpr a nested-jit equation calls."""
+    inner = eqn.params["jaxpr"]
+    return inner if isinstance(inner, ClosedJaxpr) else ClosedJaxpr(inner, ())
+
+
+def eval_equation(eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    """Bind ``eqn``'s primitive on ``invals``; always returns a list of outputs."""
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def interpret(
+    jaxpr: Jaxpr,
+    consts: list[Any],
+    args: list[Any],
+    *,
+    override: Callable[[int, JaxprEqn, list[Any]], list[Any] | None] | None = None,
+    on_write: Callable[[Any, Any], Any] | None = None,
+) -> list[Any]:
+    """Evaluate ``jaxpr`` equation by equation, with hooks for the compiler's rewrites.
+
+    ``override(index, eqn, invals)`` may return the equation's outputs instead of
+    binding it (``None``: bind as usual). ``on_write(var, value)`` sees every value
+    stored in a variable (inputs included) and returns the value to store. Traced
+    under ``jax.make_jaxpr`` this produces the rewritten jaxpr.
+    """
+    env: dict[Any, Any] = {}
+
+    def read(var):
+        return var.val if isinstance(var, Literal) else env[var]
+
+    def write(var, value):
+        if isinstance(var, DropVar):
+            return
+        env[var] = on_write(var, value) if on_write is not None else value
+
+    for var, value in zip(jaxpr.constvars, consts):
+        write(var, value)
+    for var, value in zip(jaxpr.invars, args):
+        write(var, value)
+    for index, eqn in enumerate(jaxpr.eqns):
+        invals = [read(var) for var in eqn.invars]
+        outvals = override(index, eqn, invals) if override is not None else None
+        if outvals is None:
+            outvals = eval_equation(eqn, invals)
+        for var, value in zip(eqn.outvars, outvals):
+            write(var, value)
+    return [read(var) for var in jaxpr.outvars]
+
+
+def control_flow_operands(eqn: JaxprEqn, inner: Jaxpr) -> list[Any] | None:
+    """The outer operands bound to ``inner``'s inputs for a control-flow equation
+    (``scan``, ``cond``, ``while``), or ``None`` when the mapping is unknown."""
+    name = eqn.primitive.name
+    if name == "cond":
+        operands = list(eqn.invars[1:])
+    elif name == "while":
+        cond_consts = eqn.params["cond_nconsts"]
+        body_consts = eqn.params["body_nconsts"]
+        if inner is eqn.params["cond_jaxpr"].jaxpr:
+            operands = list(eqn.invars[:cond_consts]) + list(eqn.invars[cond_consts + body_consts :])
+        else:
+            operands = list(eqn.invars[cond_consts:])
+    else:
+        operands = list(eqn.invars)
+    return operands if len(operands) == len(inner.invars) else None

@@ -1,0 +1,56 @@
+"""Facts about single equations shared by the passes: boundaries and elementwise ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax import lax
+
+from .. import _compat
+from ..ops import etp_op_info
+
+__all__ = ["cut_step", "is_boundary", "is_elementwise", "is_etp"]
+
+# Primitives that act on each unit on its own (broadcasting a per-unit value over the
+# batch included), so a dependency through them stays within a unit.
+_ELEMENTWISE = frozenset(
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh broadcast_in_dim cbrt ceil clamp
+    convert_element_type copy copy_p cos cosh custom_jvp_call div eq erf erf_inv erfc exp exp2
+    expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul ne neg
+    nextafter not or pow real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square
+    stop_gradient sub tan tanh xor""".split()
+)
+
+
+def is_etp(eqn: Any) -> bool:
+    return etp_op_info(eqn.primitive) is not None
+
+
+def is_boundary(eqn: Any) -> bool:
+    """A trainable dense or conv ETP op: the compiler never looks through it."""
+    info = etp_op_info(eqn.primitive)
+    return info is not None and not info.transparent
+
+
+def is_elementwise(eqn: Any) -> bool:
+    info = etp_op_info(eqn.primitive)
+    if info is not None:
+        return info.transparent
+    return eqn.primitive.name in _ELEMENTWISE
+
+
+def cut_step(module: Any, state_leaves: list[Any], input_leaves: list[Any], *, replace: dict[int, Any] | None = None) -> list[Any]:
+    """Evaluate the step with every boundary op's output held constant for
+    differentiation (``stop_gradient``); ``replace`` maps an equation index to the
+    value its output takes instead (the ``y`` of a relation). Returns all outputs."""
+    replace = replace or {}
+
+    def override(index, eqn, invals):
+        if index in replace:
+            return [replace[index]]
+        if is_boundary(eqn):
+            return [lax.stop_gradient(value) for value in _compat.eval_equation(eqn, invals)]
+        return None
+
+    closed = module.closed_jaxpr
+    return _compat.interpret(closed.jaxpr, list(closed.consts), [*input_leaves, *state_leaves], override=override)

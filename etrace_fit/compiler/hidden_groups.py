@@ -1,0 +1,178 @@
+"""Pass 2 — hidden groups: hidden states that update each other per unit in one step.
+
+Two hidden states belong to one group when one's new value depends on the other's old
+value without crossing a trainable dense or conv ETP op (those are boundaries). A group's
+states are stacked on a trailing axis of size ``S``; its per-unit Jacobian
+``D[..., s, s'] = ∂h_s^t / ∂h_{s'}^{t-1}`` (boundaries held constant) drives the traces.
+Read ``relations.py`` next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from .. import _compat
+from ..errors import CompilationError
+from ._dataflow import cut_step, is_boundary, is_elementwise
+from .diagnostics import Diagnostic, DiagnosticKind, format_path
+from .module_info import ModuleInfo
+
+__all__ = ["HiddenGroup", "group_jacobian", "group_transition", "hidden_groups", "transition_jaxpr"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenGroup:
+    """Hidden states stacked on a trailing axis: ``paths[s]`` is state ``s``.
+
+    Attributes:
+        index: position among the graph's groups.
+        paths: the states' paths, in the model's state order.
+        shape: the shape every state of the group has (e.g. ``(B, units)``).
+        dtype: their dtype.
+    """
+
+    index: int
+    paths: tuple[tuple, ...]
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def num_states(self) -> int:
+        return len(self.paths)
+
+    @property
+    def name(self) -> str:
+        return "(" + ", ".join(format_path(p) for p in self.paths) + ")"
+
+
+def _dependencies(module: ModuleInfo) -> dict[Any, dict[int, bool]]:
+    """For every variable: the hidden states (by index) it depends on within the step
+    without crossing a boundary, each with whether every such path is elementwise."""
+    deps: dict[Any, dict[int, bool]] = {}
+    for k, state in enumerate(module.hidden):
+        deps[state.in_vars[0]] = {k: True}
+    for eqn in module.jaxpr.eqns:
+        if is_boundary(eqn):
+            continue
+        elementwise = is_elementwise(eqn)
+        merged: dict[int, bool] = {}
+        for var in eqn.invars:
+            if isinstance(var, _compat.Literal):
+                continue
+            for k, flag in deps.get(var, {}).items():
+                merged[k] = merged.get(k, True) and flag and elementwise
+        if merged:
+            for var in eqn.outvars:
+                deps[var] = merged
+    return deps
+
+
+def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Diagnostic, ...]]:
+    """Group the module's hidden states; also returns the pass's diagnostics.
+
+    Raises:
+        CompilationError: a hidden state holds several arrays, or states that must share
+            a group differ in shape or dtype (they could not be stacked).
+    """
+    hidden = module.hidden
+    for state in hidden:
+        if len(state.in_vars) != 1:
+            raise CompilationError(
+                f"HiddenState {state.name} holds a pytree of {len(state.in_vars)} arrays "
+                f"({', '.join(state.leaf_names)}); the compiler needs one array per hidden state"
+            )
+    deps = _dependencies(module)
+    parent = list(range(len(hidden)))
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    diagnostics: list[Diagnostic] = []
+    for k, state in enumerate(hidden):
+        out_var = state.out_vars[0]
+        sources = {} if isinstance(out_var, _compat.Literal) else deps.get(out_var, {})
+        for j, elementwise in sources.items():
+            parent[find(j)] = find(k) if find(j) != find(k) else parent[find(j)]
+            if not elementwise:
+                diagnostics.append(Diagnostic(
+                    DiagnosticKind.NON_ELEMENTWISE_COUPLING,
+                    f"{state.name} depends on {hidden[j].name} through an op that mixes units "
+                    f"(not a trainable ETP op); the group's Jacobian keeps the per-unit part only",
+                    hidden_paths=(hidden[j].path, state.path),
+                ))
+
+    members: dict[int, list[int]] = {}
+    for k in range(len(hidden)):
+        members.setdefault(find(k), []).append(k)
+    groups = []
+    for index, ks in enumerate(sorted(members.values(), key=min)):
+        avals = [hidden[k].in_vars[0].aval for k in ks]
+        first = avals[0]
+        for k, aval in zip(ks, avals):
+            if tuple(aval.shape) != tuple(first.shape) or aval.dtype != first.dtype:
+                listing = ", ".join(f"{hidden[j].name} {tuple(a.shape)} {a.dtype}" for j, a in zip(ks, avals))
+                raise CompilationError(
+                    f"hidden states {listing} update each other per unit but differ in shape or dtype, "
+                    f"so they cannot form one hidden group; give them one shape"
+                )
+        groups.append(HiddenGroup(index, tuple(hidden[k].path for k in ks), tuple(first.shape), first.dtype))
+    return tuple(groups), tuple(diagnostics)
+
+
+def _leaf_positions(module: ModuleInfo) -> dict[tuple, int]:
+    positions, cursor = {}, 0
+    for state in module.states:
+        positions[state.path] = cursor
+        cursor += len(state.in_vars)
+    return positions
+
+
+def group_transition(module: ModuleInfo, group: HiddenGroup):
+    """``f(h_prev, state_leaves, input_leaves) -> h_new``, both ``(*group.shape, S)``,
+    with boundary ops held constant: the group's own transition."""
+    positions = _leaf_positions(module)
+    out_positions = {s.path: len(module.output_vars) + positions[s.path] for s in module.states}
+
+    def transition(h_prev, state_leaves, input_leaves):
+        leaves = list(state_leaves)
+        for s, path in enumerate(group.paths):
+            leaves[positions[path]] = h_prev[..., s]
+        outs = cut_step(module, leaves, list(input_leaves))
+        return jnp.stack([outs[out_positions[path]] for path in group.paths], axis=-1)
+
+    return transition
+
+
+def transition_jaxpr(module: ModuleInfo, group: HiddenGroup):
+    """The closed jaxpr of :func:`group_transition`: inputs ``(h_prev, *state leaves,
+    *input leaves)``, output the stacked ``h_new``."""
+    transition = group_transition(module, group)
+    state_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for s in module.states for v in s.in_vars]
+    input_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in module.input_vars]
+    h_aval = jax.ShapeDtypeStruct((*group.shape, group.num_states), group.dtype)
+    return jax.make_jaxpr(lambda h, *rest: transition(h, rest[: len(state_avals)], rest[len(state_avals) :]))(
+        h_aval, *state_avals, *input_avals
+    )
+
+
+def group_jacobian(
+    module: ModuleInfo, group: HiddenGroup, state_leaves: Sequence[Any], input_leaves: Sequence[Any]
+) -> jax.Array:
+    """The per-unit Jacobian ``D`` of shape ``(*group.shape, S, S)`` at the given values,
+    by forward mode: one JVP per state of the group."""
+    positions = _leaf_positions(module)
+    transition = group_transition(module, group)
+    h_prev = jnp.stack([state_leaves[positions[path]] for path in group.paths], axis=-1)
+    columns = []
+    for s in range(group.num_states):
+        tangent = jnp.zeros_like(h_prev).at[..., s].set(1.0)
+        _, column = jax.jvp(lambda h: transition(h, state_leaves, input_leaves), (h_prev,), (tangent,))
+        columns.append(column)
+    return jnp.stack(columns, axis=-1)

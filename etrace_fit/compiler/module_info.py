@@ -1,0 +1,253 @@
+"""Pass 1 — module info: trace one step of a model and map jaxpr variables to states.
+
+``module_info(model, *example_inputs)`` returns a :class:`ModuleInfo`: the step as a
+flat closed jaxpr (nested ``jit`` calls inlined) whose inputs are the example inputs'
+leaves followed by every state's leaves and whose outputs are the step's output leaves
+followed by every state's new leaves, plus which states are weights, hidden states or
+other. Read ``hidden_groups.py`` next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import brainstate
+import jax
+import saiunit as u
+
+from .. import _compat
+from ..errors import CompilationError
+from ..ops import is_etp_primitive
+from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
+
+__all__ = ["ModuleInfo", "StateInfo", "module_info"]
+
+WEIGHT, HIDDEN, OTHER = "weight", "hidden", "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateInfo:
+    """One state of the model as the step's jaxpr sees it.
+
+    Attributes:
+        path: the path brainstate gives (``model.states()`` key).
+        kind: ``"weight"`` (ParamState), ``"hidden"`` (HiddenState written by the step)
+            or ``"other"``.
+        leaf_names: a name per pytree leaf of the value (``("bias", "weight")`` for a
+            ``{"weight", "bias"}`` dict, ``("",)`` for an array).
+        in_vars: the jaxpr input variables of the leaves.
+        out_vars: the jaxpr output variables (or literals) of the new leaves.
+        written: whether the step writes the state.
+        unit: the saiunit unit of the value (unitless for plain arrays).
+    """
+
+    path: tuple
+    kind: str
+    leaf_names: tuple[str, ...]
+    in_vars: tuple[Any, ...]
+    out_vars: tuple[Any, ...]
+    written: bool
+    unit: Any
+    state: Any = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return format_path(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleInfo:
+    """The traced step and its state map (see the module docstring for the layout)."""
+
+    closed_jaxpr: Any
+    input_vars: tuple[Any, ...]
+    input_treedef: Any
+    output_vars: tuple[Any, ...]
+    output_treedef: Any
+    states: tuple[StateInfo, ...]
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def jaxpr(self):
+        return self.closed_jaxpr.jaxpr
+
+    @property
+    def weights(self) -> tuple[StateInfo, ...]:
+        return tuple(s for s in self.states if s.kind == WEIGHT)
+
+    @property
+    def hidden(self) -> tuple[StateInfo, ...]:
+        return tuple(s for s in self.states if s.kind == HIDDEN)
+
+    @property
+    def others(self) -> tuple[StateInfo, ...]:
+        return tuple(s for s in self.states if s.kind == OTHER)
+
+    def state(self, path: tuple) -> StateInfo:
+        for info in self.states:
+            if info.path == path:
+                return info
+        raise KeyError(f"no state at path {format_path(path)}; known: {', '.join(s.name for s in self.states)}")
+
+    def state_leaves(self) -> list[Any]:
+        """The current values of all states' leaves, in the jaxpr's input order."""
+        return [leaf for info in self.states for leaf in jax.tree.leaves(info.state.value)]
+
+    def evaluate(self, state_leaves: Sequence[Any], *inputs: Any) -> tuple[Any, list[Any]]:
+        """Run the step on explicit values: ``(outputs pytree, new state leaves)``."""
+        input_leaves = jax.tree.leaves(inputs)
+        outs = _compat.jaxpr_as_fun(self.closed_jaxpr)(*input_leaves, *state_leaves)
+        num_outputs = len(self.output_vars)
+        return jax.tree.unflatten(self.output_treedef, outs[:num_outputs]), list(outs[num_outputs:])
+
+
+def _leaf_names(value: Any) -> tuple[str, ...]:
+    paths = jax.tree_util.tree_flatten_with_path(value)[0]
+    names = tuple("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath) for keypath, _ in paths)
+    return names or ("",)
+
+
+def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
+    """The same computation with nested ``jit`` calls inlined; names of the ETP
+    primitives that were inside them."""
+    inlined: list[str] = []
+
+    def visit(jaxpr, consts, args):
+        def override(index, eqn, invals):
+            if not _compat.is_nested_jit(eqn):
+                return None
+            inner = _compat.nested_jit_jaxpr(eqn)
+            inlined.extend(e.primitive.name for e in inner.jaxpr.eqns if is_etp_primitive(e.primitive))
+            return visit(inner.jaxpr, list(inner.consts), invals)
+
+        return _compat.interpret(jaxpr, consts, args, override=override)
+
+    if not any(_compat.is_nested_jit(eqn) for eqn in closed.jaxpr.eqns):
+        return closed, []
+    avals = [var.aval for var in closed.jaxpr.invars]
+    flat = jax.make_jaxpr(lambda *args: visit(closed.jaxpr, list(closed.consts), list(args)))(
+        *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    )
+    return flat, inlined
+
+
+def module_info(model: Any, *example_inputs: Any) -> ModuleInfo:
+    """Trace one step ``model(*example_inputs)`` and map its jaxpr to the model's states.
+
+    Raises:
+        CompilationError: the step writes a ``ParamState``, a hidden state's unit,
+            shape or dtype changes across the step, or states are not initialised.
+        ShapeError: raised by a layer for a bad example input (names the layer).
+    """
+    paths = {id(state): path for path, state in model.states().items()}
+    function = brainstate.transform.StatefulFunction(model, return_only_write=False)
+    hidden_before = {path: state.value for path, state in model.states(brainstate.HiddenState).items()}
+    try:
+        function.make_jaxpr(*example_inputs)
+    except ValueError as error:
+        _raise_if_state_structure_changed(model, hidden_before, error)
+        raise
+    except AttributeError as error:
+        if not model.states(brainstate.HiddenState):
+            raise CompilationError(
+                f"{type(model).__name__} has no initialised hidden states ({error}); call "
+                f"brainstate.nn.init_all_states(model, batch_size=B) before compiling"
+            ) from error
+        raise
+    key = function.get_arg_cache_key(*example_inputs)
+    raw = function.get_jaxpr_by_cache(key)
+    traced_states = function.get_states_by_cache(key)
+    written = {id(state) for state in function.get_write_states_by_cache(key)}
+    out_shapes, new_state_shapes = function.get_out_shapes_by_cache(key)
+
+    closed, inlined = _inline_nested_jit(raw)
+    jaxpr = closed.jaxpr
+    num_inputs = len(jax.tree.leaves(example_inputs))
+    num_outputs = len(jax.tree.leaves(out_shapes))
+    input_vars = tuple(jaxpr.invars[:num_inputs])
+    output_vars = tuple(jaxpr.outvars[:num_outputs])
+
+    diagnostics: list[Diagnostic] = [
+        Diagnostic(DiagnosticKind.IN_NESTED_JIT, f"{name} inside a nested jit was inlined", primitive=name)
+        for name in inlined
+    ]
+    states: list[StateInfo] = []
+    in_cursor, out_cursor = num_inputs, num_outputs
+    for number, (state, new_shape) in enumerate(zip(traced_states, new_state_shapes)):
+        path = paths.get(id(state), ("<external>", number))
+        num_leaves = len(jax.tree.leaves(state.value))
+        in_vars = tuple(jaxpr.invars[in_cursor : in_cursor + num_leaves])
+        out_vars = tuple(jaxpr.outvars[out_cursor : out_cursor + num_leaves])
+        in_cursor += num_leaves
+        out_cursor += num_leaves
+        is_written = id(state) in written
+        if isinstance(state, brainstate.ParamState):
+            kind = WEIGHT
+            if is_written:
+                raise CompilationError(
+                    f"ParamState {format_path(path)} is written inside the step; weights may only be "
+                    f"read by the model's update (keep learned values in ParamState and carried "
+                    f"values in HiddenState)"
+                )
+        elif isinstance(state, brainstate.HiddenState) and is_written:
+            kind = HIDDEN
+            _check_hidden_consistent(path, state.value, new_shape)
+        else:
+            kind = OTHER
+            if isinstance(state, brainstate.HiddenState):
+                diagnostics.append(Diagnostic(
+                    DiagnosticKind.STATE_MISMATCH,
+                    f"HiddenState {format_path(path)} is read but never written by the step; it is "
+                    f"treated as a constant, not as memory",
+                    level=Level.WARNING,
+                    hidden_paths=(path,),
+                ))
+        states.append(StateInfo(
+            path=path, kind=kind, leaf_names=_leaf_names(state.value), in_vars=in_vars, out_vars=out_vars,
+            written=is_written, unit=u.get_unit(state.value), state=state,
+        ))
+
+    if not any(s.kind == HIDDEN for s in states):
+        raise CompilationError(
+            f"{type(model).__name__} has no hidden state that its step writes: there is nothing to "
+            f"learn online. Online rules need recurrent or spiking layers (brainstate.HiddenState); "
+            f"for a stateless model use plain jax.grad"
+        )
+    output_treedef = jax.tree.structure(out_shapes)
+    input_treedef = jax.tree.structure(example_inputs)
+    return ModuleInfo(
+        closed_jaxpr=closed, input_vars=input_vars, input_treedef=input_treedef, output_vars=output_vars,
+        output_treedef=output_treedef, states=tuple(states), diagnostics=tuple(diagnostics),
+    )
+
+
+def _check_hidden_consistent(path: tuple, old_value: Any, new_shape: Any) -> None:
+    """A hidden state must keep its shape and dtype across the step (brainstate itself
+    refuses a changed unit, see :func:`_raise_if_state_structure_changed`)."""
+    old_leaves, new_leaves = jax.tree.leaves(old_value), jax.tree.leaves(new_shape)
+    for old, new in zip(old_leaves, new_leaves):
+        if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+            raise CompilationError(
+                f"HiddenState {format_path(path)} changes from {tuple(old.shape)} {old.dtype} to "
+                f"{tuple(new.shape)} {new.dtype} across the step; a carried state must keep its "
+                f"shape and dtype (was it initialised for another batch size?)"
+            )
+
+
+def _raise_if_state_structure_changed(model: Any, hidden_before: dict, error: ValueError) -> None:
+    """brainstate refuses a step that changes a state's pytree (a unit is part of it).
+    Put the original values back and say which hidden state and which units."""
+    hidden_now = model.states(brainstate.HiddenState)
+    changed = []
+    for path, before in hidden_before.items():
+        now = hidden_now[path].value
+        if jax.tree.structure(now) != jax.tree.structure(before):
+            changed.append((path, before, now))
+            hidden_now[path].value = before
+    if changed:
+        path, before, now = changed[0]
+        raise CompilationError(
+            f"HiddenState {format_path(path)} changes unit across the step: it enters as "
+            f"{u.get_unit(before)} and the step writes {u.get_unit(now)}; a carried state must keep its unit"
+        ) from error
