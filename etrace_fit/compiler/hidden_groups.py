@@ -94,12 +94,15 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
             k = parent[k]
         return k
 
+    def union(a, b):
+        parent[find(a)] = find(b)
+
     diagnostics: list[Diagnostic] = []
     for k, state in enumerate(hidden):
         out_var = state.out_vars[0]
         sources = {} if isinstance(out_var, _compat.Literal) else deps.get(out_var, {})
         for j, elementwise in sources.items():
-            parent[find(j)] = find(k) if find(j) != find(k) else parent[find(j)]
+            union(j, k)
             if not elementwise:
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.NON_ELEMENTWISE_COUPLING,

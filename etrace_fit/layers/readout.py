@@ -79,7 +79,8 @@ class LeakyRateReadout(_ReadoutBase):
 class LeakySpikeReadout(_ReadoutBase):
     """Spiking readout: LIF neurons (see :class:`LIF`) driven by ``x^t W + b``.
 
-    ``V' = α V^{t−1} + x^t W + b``, ``z^t = H(V' − v_threshold)``, then reset.
+    ``V^t = α V_r + x^t W + b`` with ``V_r`` the previous potential after the reset of
+    its spike, ``z^t = H(V^t − v_threshold)`` (``V`` stored before reset, as in LIF).
 
     Shapes: ``x: (B, in_size)`` → spikes ``(B, out_size)``; hidden state
     ``V: (B, out_size)``.
@@ -113,8 +114,8 @@ class LeakySpikeReadout(_ReadoutBase):
         self.V.value = make_state(brainstate.nn.init.ZeroInit(), (self.out_features,), batch_size)
 
     def update(self, x: Any) -> jax.Array:
-        self.V.value, z = membrane_step(
-            self.V.value, self._current(x), decay_of(self, self.tau), self.v_threshold,
+        self.V.value, z, _ = membrane_step(
+            self.V.value, self._current(x), decay_of(self, self.tau), self.v_threshold, self.v_threshold,
             v_reset=self.v_reset, reset=self.reset, surrogate=self.surrogate, detach_reset=self.detach_reset,
         )
         return z

@@ -30,21 +30,27 @@ def check_membrane_args(layer: str, reset: str, v_threshold: float, v_reset: flo
         raise ConfigError(f"{layer}: v_threshold ({v_threshold}) must exceed v_reset ({v_reset})")
 
 
-def membrane_step(v, x, decay, threshold, *, v_reset, reset, surrogate, detach_reset):
-    """One step of a leaky integrate-and-fire membrane.
+def membrane_step(v, x, decay, threshold_prev, threshold, *, v_reset, reset, surrogate, detach_reset):
+    """One step of a leaky integrate-and-fire membrane whose state is the potential
+    *before* reset, so the step's spike is a function of the state it stores.
 
-    ``v_pre = decay·v + x``; ``z = H(v_pre − threshold)`` (surrogate gradient);
-    soft reset ``v = v_pre − z·(threshold − v_reset)``, hard reset
-    ``v = v_pre·(1 − z) + v_reset·z``. Returns ``(new v, z)``.
+    ``z_prev = H(v − threshold_prev)`` is the spike the stored potential emitted last
+    step; it is reset now (soft: ``v − z_prev·(threshold_prev − v_reset)``, hard:
+    ``v·(1 − z_prev) + v_reset·z_prev``), then ``v_new = decay·v_reset_applied + x`` and
+    ``z = H(v_new − threshold)`` (surrogate gradients). Returns ``(v_new, z, z_prev)``.
+
+    The spike sequence equals that of the usual "integrate, fire, reset" ordering;
+    only the stored value differs (pre-reset instead of post-reset). Online learning
+    needs this: the step's output must depend on the hidden state the step writes.
     """
-    v_pre = decay * v + x
-    z = surrogate(v_pre - threshold)
-    z_reset = jax.lax.stop_gradient(z) if detach_reset else z
+    z_prev = surrogate(v - threshold_prev)
+    z_reset = jax.lax.stop_gradient(z_prev) if detach_reset else z_prev
     if reset == "soft":
-        v_new = v_pre - z_reset * (threshold - v_reset)
+        v_after = v - z_reset * (threshold_prev - v_reset)
     else:
-        v_new = v_pre * (1.0 - z_reset) + v_reset * z_reset
-    return v_new, z
+        v_after = v * (1.0 - z_reset) + v_reset * z_reset
+    v_new = decay * v_after + x
+    return v_new, surrogate(v_new - threshold), z_prev
 
 
 class _SpikingBase(brainstate.nn.Module):
@@ -63,9 +69,9 @@ class _SpikingBase(brainstate.nn.Module):
         self.tau = time_constant(self, tau, size, learn_tau)
         self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
 
-    def _membrane(self, v, x, decay, threshold):
+    def _membrane(self, v, x, decay, threshold_prev, threshold):
         return membrane_step(
-            v, x, decay, threshold, v_reset=self.v_reset, reset=self.reset,
+            v, x, decay, threshold_prev, threshold, v_reset=self.v_reset, reset=self.reset,
             surrogate=self.surrogate, detach_reset=self.detach_reset,
         )
 
@@ -74,10 +80,16 @@ class LIF(_SpikingBase):
     """Leaky integrate-and-fire neurons (one hidden state, the membrane ``V``)::
 
         α = exp(−dt / τ)
-        V' = α V^{t−1} + x^t                      x: input current
-        z^t = H(V' − v_threshold)                 surrogate gradient
-        V^t = V' − z^t (v_threshold − v_reset)    reset="soft"
-        V^t = V' (1 − z^t) + v_reset z^t          reset="hard"
+        z^{t−1} = H(V^{t−1} − v_threshold)            the spike emitted last step
+        V_r = V^{t−1} − z^{t−1} (v_threshold − v_reset)   reset="soft"
+        V_r = V^{t−1} (1 − z^{t−1}) + v_reset z^{t−1}       reset="hard"
+        V^t = α V_r + x^t                                  x: input current
+        z^t = H(V^t − v_threshold)                         output, surrogate gradient
+
+    ``V`` is the potential before reset: the reset of a spike is applied at the start
+    of the next step. The spikes are those of "integrate, fire, reset"; storing the
+    pre-reset value makes the output a function of the stored state, which online
+    learning needs.
 
     Shapes: ``x: (B, size)`` → spikes ``z: (B, size)`` (``B`` optional); state
     ``V: (B, size)``.
@@ -115,7 +127,7 @@ class LIF(_SpikingBase):
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.size)
-        self.V.value, z = self._membrane(self.V.value, x, decay_of(self, self.tau), self.v_threshold)
+        self.V.value, z, _ = self._membrane(self.V.value, x, decay_of(self, self.tau), self.v_threshold, self.v_threshold)
         return z
 
 
@@ -123,11 +135,12 @@ class ALIF(_SpikingBase):
     """Adaptive LIF neurons (Bellec et al. 2018): hidden states ``V`` and ``a``::
 
         α = exp(−dt / τ),  ρ = exp(−dt / τ_a)
-        A = v_threshold + β a^{t−1}               adaptive threshold
-        V' = α V^{t−1} + x^t
-        z^t = H(V' − A)
-        V^t = V' − z^t (A − v_reset)              reset="soft" (hard as in LIF)
-        a^t = ρ a^{t−1} + z^t
+        A^{t−1} = v_threshold + β a^{t−1}            adaptive threshold
+        z^{t−1} = H(V^{t−1} − A^{t−1})               the spike emitted last step
+        a^t = ρ a^{t−1} + z^{t−1}
+        V_r = V^{t−1} − z^{t−1} (A^{t−1} − v_reset)   reset="soft" (hard as in LIF)
+        V^t = α V_r + x^t
+        z^t = H(V^t − (v_threshold + β a^t))          output
 
     ``V`` and ``a`` update each other only per neuron: the compiler puts them in one
     hidden group of ``S = 2`` states.
@@ -167,8 +180,12 @@ class ALIF(_SpikingBase):
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.size)
-        a = self.a.value
-        threshold = self.v_threshold + self.beta * a
-        self.V.value, z = self._membrane(self.V.value, x, decay_of(self, self.tau), threshold)
-        self.a.value = decay_of(self, self.tau_a) * a + z
+        a_prev = self.a.value
+        threshold_prev = self.v_threshold + self.beta * a_prev
+        z_prev = self.surrogate(self.V.value - threshold_prev)
+        a = decay_of(self, self.tau_a) * a_prev + z_prev
+        self.a.value = a
+        self.V.value, z, _ = self._membrane(
+            self.V.value, x, decay_of(self, self.tau), threshold_prev, self.v_threshold + self.beta * a
+        )
         return z

@@ -58,9 +58,11 @@ def test_spike_readout_one_step(env64, reset):
     alpha = jnp.exp(-1.0 / jnp.asarray(TAU))
 
     def ref(v):
-        v_pre = alpha * v + x @ p["weight"] + p["bias"]
-        z = (v_pre > th).astype(v.dtype)
-        return (v_pre - z * (th - vr) if reset == "soft" else v_pre * (1 - z) + vr * z), z
+        # V is stored before reset: last step's spike is reset first.
+        z_prev = (v > th).astype(v.dtype)
+        v_after = v - z_prev * (th - vr) if reset == "soft" else v * (1 - z_prev) + vr * z_prev
+        v_new = alpha * v_after + x @ p["weight"] + p["bias"]
+        return v_new, (v_new > th).astype(v.dtype)
 
     v1, z1 = ref(v0)
     assert 0 < float(z1.sum()) < z1.size
@@ -122,11 +124,11 @@ def test_spike_readout_gradients_match_reference(env64, reset, surrogate, detach
         alpha = jnp.exp(-1.0 / tau)
 
         def step(v, x):
-            v_pre = alpha * v + x @ p["weight"] + p["bias"]
-            z = spike(v_pre - th)
-            zr = jax.lax.stop_gradient(z) if detach else z
-            v = v_pre - zr * (th - vr) if reset == "soft" else v_pre * (1 - zr) + vr * zr
-            return v, z
+            z_prev = spike(v - th)
+            zr = jax.lax.stop_gradient(z_prev) if detach else z_prev
+            v_after = v - zr * (th - vr) if reset == "soft" else v * (1 - zr) + vr * zr
+            v = alpha * v_after + x @ p["weight"] + p["bias"]
+            return v, spike(v - th)
 
         v, zs = jax.lax.scan(step, jnp.zeros((B, O)), xs)
         return jnp.sum(zs * c) + jnp.sum(v * d), zs

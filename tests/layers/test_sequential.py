@@ -51,11 +51,11 @@ def test_forward_is_composition(env64):
     kappa = jnp.exp(-1.0 / jnp.asarray([6.0, 12.0]))
     v, a, r = jnp.zeros((B, N)), jnp.zeros((B, N)), jnp.zeros((B, O))
     for _ in range(3):
-        A = 1.0 + 0.3 * a
-        v_pre = alpha * v + x @ p["weight"] + p["bias"]
-        z = (v_pre > A).astype(v.dtype)
-        v = v_pre - z * A
-        a = rho * a + z
+        A_prev = 1.0 + 0.3 * a
+        z_prev = (v > A_prev).astype(v.dtype)
+        a = rho * a + z_prev
+        v = alpha * (v - z_prev * A_prev) + x @ p["weight"] + p["bias"]
+        z = (v > 1.0 + 0.3 * a).astype(v.dtype)
         r = kappa * r + z @ q["weight"] + q["bias"]
         assert_close(model(x), r)
     assert float(a.sum()) > 0

@@ -31,13 +31,14 @@ TAU = np.array([5.0, 10.0, 20.0, 15.0, 8.0, 30.0])
 
 
 def _lif_step(v, x, alpha, th, v_reset, reset):
-    v_pre = alpha * v + x
-    z = (v_pre - th > 0).astype(v.dtype)
+    # V is stored before reset: the spike it emitted is reset at the start of the step.
+    z_prev = (v - th > 0).astype(v.dtype)
     if reset == "soft":
-        v_new = v_pre - z * (th - v_reset)
+        v_after = v - z_prev * (th - v_reset)
     else:
-        v_new = v_pre * (1.0 - z) + v_reset * z
-    return v_new, z
+        v_after = v * (1.0 - z_prev) + v_reset * z_prev
+    v_new = alpha * v_after + x
+    return v_new, (v_new - th > 0).astype(v.dtype)
 
 
 @pytest.mark.parametrize("reset", ["soft", "hard"])
@@ -79,17 +80,18 @@ def test_alif_one_step(env64, reset):
     alpha, rho = jnp.exp(-1.0 / jnp.asarray(TAU)), jnp.exp(-1.0 / jnp.asarray(TAU * 10))
 
     def ref(v, a):
-        A = th + beta * a
-        v_pre = alpha * v + x
-        z = (v_pre - A > 0).astype(v.dtype)
-        v_new = v_pre - z * (A - vr) if reset == "soft" else v_pre * (1 - z) + vr * z
-        return v_new, rho * a + z, z
+        A_prev = th + beta * a
+        z_prev = (v - A_prev > 0).astype(v.dtype)
+        a_new = rho * a + z_prev
+        v_after = v - z_prev * (A_prev - vr) if reset == "soft" else v * (1 - z_prev) + vr * z_prev
+        v_new = alpha * v_after + x
+        z = (v_new - (th + beta * a_new) > 0).astype(v.dtype)
+        return v_new, a_new, z
 
     v1, a1, z1 = ref(v0, a0)
     assert 0 < float(z1.sum()) < z1.size
     # the adaptation matters: some neuron is above v_threshold but below A
-    v_pre = alpha * v0 + x
-    assert bool(jnp.any((v_pre > th) & (z1 == 0)))
+    assert bool(jnp.any((v1 > th) & (z1 == 0)))
     assert_close(alif(x), z1)
     assert_close(alif.V.value, v1)
     assert_close(alif.a.value, a1)
@@ -174,14 +176,15 @@ def _ref_loss(vals, xs, c, d, e, *, kind, tau, tau_a, beta, th, vr, reset, surro
 
     def step(carry, x):
         v, a = carry
-        A = th + beta * a if kind == "ALIF" else th
-        v_pre = alpha * v + (x @ w["weight"] + w["bias"])
-        z = spike(v_pre - A)
-        zr = jax.lax.stop_gradient(z) if detach else z
-        v = v_pre - zr * (A - vr) if reset == "soft" else v_pre * (1.0 - zr) + vr * zr
+        A_prev = th + beta * a if kind == "ALIF" else th
+        z_prev = spike(v - A_prev)
+        zr = jax.lax.stop_gradient(z_prev) if detach else z_prev
+        v_after = v - zr * (A_prev - vr) if reset == "soft" else v * (1.0 - zr) + vr * zr
         if kind == "ALIF":
-            a = rho * a + z
-        return (v, a), z
+            a = rho * a + z_prev
+        A = th + beta * a if kind == "ALIF" else th
+        v = alpha * v_after + (x @ w["weight"] + w["bias"])
+        return (v, a), spike(v - A)
 
     zero = jnp.zeros((B, N))
     (v, a), zs = jax.lax.scan(step, (zero, zero), xs)
