@@ -111,17 +111,28 @@ class Decay:
         return jnp.exp(-u.get_mantissa(ratio))
 
 
-def time_constant(layer: Any, tau: Any, size: int, learn: bool, what: str = "tau") -> Any:
-    """A time constant broadcast to ``(size,)``: a ``ParamState`` when learned.
+def check_trailing_shape(layer: Any, x: Any, expected: tuple[int, ...]) -> None:
+    """Raise :class:`ShapeError` unless ``x``'s trailing axes are ``expected``."""
+    if len(expected) == 1:
+        check_last_axis(layer, x, expected[0])
+        return
+    shape = tuple(jnp.shape(x))
+    if shape[len(shape) - len(expected):] != tuple(expected) or len(shape) < len(expected):
+        raise ShapeError(f"{describe(layer)}: expected input of shape (..., {', '.join(map(str, expected))}), got x.shape={shape}")
+
+
+def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool, what: str = "tau") -> Any:
+    """A time constant broadcast to the layer's unit shape: a ``ParamState`` when learned.
 
     Validates ``tau > 0``. A learned time constant is read through the elementwise ETP
     op by :func:`decay_of`, so the compiler relates it to the layer's hidden group.
     """
     mantissa = jnp.asarray(u.get_mantissa(tau))
+    shape = (size,) if isinstance(size, int) else tuple(size)
     try:
-        mantissa = jnp.broadcast_to(mantissa, (size,))
+        mantissa = jnp.broadcast_to(mantissa, shape)
     except ValueError:
-        raise ShapeError(f"{describe(layer)}: {what} must be a scalar or have shape ({size},), got shape {mantissa.shape}") from None
+        raise ShapeError(f"{describe(layer)}: {what} must be a scalar or have shape {shape}, got shape {mantissa.shape}") from None
     if not bool(jnp.all(mantissa > 0)):
         raise ConfigError(f"{describe(layer)}: {what} must be positive, got {tau}")
     unit = u.get_unit(tau)

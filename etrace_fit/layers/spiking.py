@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from ._base import check_last_axis, decay_of, make_state, time_constant
+from ._base import check_trailing_shape, decay_of, make_state, time_constant
 from .surrogate import Surrogate, get_surrogate
 
 __all__ = ["ALIF", "LIF", "check_membrane_args", "membrane_step"]
@@ -57,16 +57,18 @@ class _SpikingBase(brainstate.nn.Module):
     def __init__(self, size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
                  detach_reset, learn_tau, state_init, name):
         super().__init__(name=name)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"{type(self).__name__}: size must be a positive int, got {size!r}")
+        shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+        if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
+            raise ConfigError(f"{type(self).__name__}: size must be a positive int or a tuple of them, got {size!r}")
         self.size = size
-        self.in_size = self.out_size = (size,)
+        self.shape = shape
+        self.in_size = self.out_size = shape
         self._summary = f"{size}"
         check_membrane_args(f"{type(self).__name__}({size})", reset, v_threshold, v_reset)
         self.reset, self.v_threshold, self.v_reset = reset, v_threshold, v_reset
         self.detach_reset = detach_reset
         self.surrogate: Surrogate = get_surrogate(surrogate, surrogate_scale)
-        self.tau = time_constant(self, tau, size, learn_tau)
+        self.tau = time_constant(self, tau, shape, learn_tau)
         self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
 
     def _membrane(self, v, x, decay, threshold_prev, threshold):
@@ -95,8 +97,9 @@ class LIF(_SpikingBase):
     ``V: (B, size)``.
 
     Args:
-        size: number of neurons.
-        tau: membrane time constant (scalar or ``(size,)``, unit of ``dt``).
+        size: number of neurons, or a shape such as ``(L, C)`` for neurons on a
+            convolution's output (states then have shape ``(B, L, C)``).
+        tau: membrane time constant (scalar or per neuron, unit of ``dt``).
         v_threshold, v_reset: firing threshold and reset potential.
         reset: ``"soft"`` (subtract) or ``"hard"`` (set to ``v_reset``).
         surrogate: ``"triangle"`` (default), ``"sigmoid"``, ``"fast_sigmoid"`` or a
@@ -120,13 +123,13 @@ class LIF(_SpikingBase):
                          detach_reset, learn_tau, state_init, name)
 
     def init_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V = brainstate.HiddenState(make_state(self._state_init, (self.size,), batch_size))
+        self.V = brainstate.HiddenState(make_state(self._state_init, self.shape, batch_size))
 
     def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V.value = make_state(self._state_init, (self.size,), batch_size)
+        self.V.value = make_state(self._state_init, self.shape, batch_size)
 
     def update(self, x: Any) -> jax.Array:
-        check_last_axis(self, x, self.size)
+        check_trailing_shape(self, x, self.shape)
         self.V.value, z, _ = self._membrane(self.V.value, x, decay_of(self, self.tau), self.v_threshold, self.v_threshold)
         return z
 
@@ -167,19 +170,19 @@ class ALIF(_SpikingBase):
                  state_init: Any = None, name: str | None = None):
         super().__init__(size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
                          detach_reset, learn_tau, state_init, name)
-        self.tau_a = time_constant(self, tau_a, size, learn_tau_a, what="tau_a")
+        self.tau_a = time_constant(self, tau_a, self.shape, learn_tau_a, what="tau_a")
         self.beta = beta
 
     def init_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V = brainstate.HiddenState(make_state(self._state_init, (self.size,), batch_size))
-        self.a = brainstate.HiddenState(make_state(brainstate.nn.init.ZeroInit(), (self.size,), batch_size))
+        self.V = brainstate.HiddenState(make_state(self._state_init, self.shape, batch_size))
+        self.a = brainstate.HiddenState(make_state(brainstate.nn.init.ZeroInit(), self.shape, batch_size))
 
     def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V.value = make_state(self._state_init, (self.size,), batch_size)
-        self.a.value = make_state(brainstate.nn.init.ZeroInit(), (self.size,), batch_size)
+        self.V.value = make_state(self._state_init, self.shape, batch_size)
+        self.a.value = make_state(brainstate.nn.init.ZeroInit(), self.shape, batch_size)
 
     def update(self, x: Any) -> jax.Array:
-        check_last_axis(self, x, self.size)
+        check_trailing_shape(self, x, self.shape)
         a_prev = self.a.value
         threshold_prev = self.v_threshold + self.beta * a_prev
         z_prev = self.surrogate(self.V.value - threshold_prev)
