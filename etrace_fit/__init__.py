@@ -5,7 +5,8 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 :mod:`etrace_fit.compiler` (:func:`compile_graph`), errors in :mod:`etrace_fit.errors`.
 """
 
-from . import compiler, errors, layers, ops
+from . import algorithms, compiler, errors, layers, ops
+from .algorithms import sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
@@ -21,9 +22,11 @@ __all__ = [
     "Sequential",
     "ShapeError",
     "__version__",
+    "algorithms",
     "compile_graph",
     "compiler",
     "errors",
     "layers",
     "ops",
+    "sequence_grad",
 ]

@@ -9,7 +9,7 @@ from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .graph import ETraceGraph, compile_graph
 from .hidden_groups import HiddenGroup, group_jacobian, group_transition, hidden_groups, transition_jaxpr
 from .module_info import ModuleInfo, StateInfo, module_info
-from .perturbation import perturbed_step
+from .perturbation import hidden_outputs, perturbed_step
 from .relations import ALL_DIRECT, ALL_THROUGH_OTHER_ETP, MIXED, OperandSource, Relation, relations
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "group_jacobian",
     "group_transition",
     "hidden_groups",
+    "hidden_outputs",
     "module_info",
     "perturbed_step",
     "relations",

@@ -18,6 +18,28 @@ from .module_info import ModuleInfo
 __all__ = ["perturbed_step"]
 
 
+def hidden_outputs(module: ModuleInfo) -> tuple[dict[Any, int], dict[int, int]]:
+    """Where each hidden state ``k`` (``module.hidden`` order) gets its new value:
+    ``(at_production, at_output)``. ``at_production`` maps the variable that produces
+    the new value to ``k``; ``at_output`` maps ``k`` to its position among the step's
+    outputs when the new value is a literal or an unchanged input (nothing inside the
+    step reads it as ``h^t``)."""
+    invars = set(module.jaxpr.invars)
+    output_position = {}
+    cursor = len(module.output_vars)
+    for state in module.states:
+        output_position[state.path] = cursor
+        cursor += len(state.out_vars)
+    at_production, at_output = {}, {}
+    for k, state in enumerate(module.hidden):
+        var = state.out_vars[0]
+        if isinstance(var, _compat.Literal) or var in invars:
+            at_output[k] = output_position[state.path]
+        else:
+            at_production[var] = k
+    return at_production, at_output
+
+
 def perturbed_step(module: ModuleInfo) -> Any:
     """The closed jaxpr ``(*input leaves, *state leaves, *perturbations) -> (*output
     leaves, *new state leaves)``, one perturbation per hidden state (in
@@ -25,22 +47,7 @@ def perturbed_step(module: ModuleInfo) -> Any:
     closed = module.closed_jaxpr
     jaxpr = closed.jaxpr
     hidden = module.hidden
-    invars = set(jaxpr.invars)
-    # Perturb a hidden output where it is produced; one that is a literal or an unchanged
-    # input is perturbed where it leaves the step instead (nothing inside uses it as h^t).
-    at_production = {}
-    at_output = {}
-    for k, state in enumerate(hidden):
-        var = state.out_vars[0]
-        if isinstance(var, _compat.Literal) or var in invars:
-            at_output[k] = var
-        else:
-            at_production[var] = k
-    output_position = {}
-    cursor = len(module.output_vars)
-    for state in module.states:
-        output_position[state.path] = cursor
-        cursor += len(state.out_vars)
+    at_production, at_output = hidden_outputs(module)
 
     def step(*args):
         num_args = len(jaxpr.invars)
@@ -51,8 +58,7 @@ def perturbed_step(module: ModuleInfo) -> Any:
             return value if k is None else value + perturbations[k]
 
         outs = _compat.interpret(jaxpr, list(closed.consts), values, on_write=on_write)
-        for k in at_output:
-            position = output_position[hidden[k].path]
+        for k, position in at_output.items():
             outs[position] = outs[position] + perturbations[k]
         return outs
 

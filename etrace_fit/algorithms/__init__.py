@@ -1,0 +1,26 @@
+"""Online learning rules (DESIGN.md §5): D-RTRL, ES-D-RTRL, hybrid, and BPTT.
+
+``sequence_grad(model, xs, targets, step_loss, algo=...)`` is the entry point. A rule is
+a small object with ``init_traces`` and ``step`` over a canonical form of the signals
+(``base.py``); adding a rule means adding one module. Read ``base.py`` first.
+"""
+
+from .base import PairSignals, Rule, TracedPair, traced_pairs
+from .d_rtrl import DRTRL
+from .esd_rtrl import ESDRTRL, resolve_decay
+from .hybrid import Plan, make_plan
+from .sequence import plan_for, sequence_grad
+
+__all__ = [
+    "DRTRL",
+    "ESDRTRL",
+    "PairSignals",
+    "Plan",
+    "Rule",
+    "TracedPair",
+    "make_plan",
+    "plan_for",
+    "resolve_decay",
+    "sequence_grad",
+    "traced_pairs",
+]

@@ -1,0 +1,172 @@
+"""What every online rule shares: traced pairs in one canonical form, and the rule API.
+
+A *traced pair* is one relation (an ETP equation) together with one hidden group it
+drives. Whatever the op (dense, conv, elementwise), its signals at step ``t`` are put in
+one canonical form so a rule is written once:
+
+    X  (B, P, K)        the op's input per position (conv: patches; elementwise: ones),
+                        with a column of ones appended when the op has a bias
+    D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1}
+    Df (B, P, O, S)     ∂h^t/∂y^t per unit
+    G  (B, P, O, S)     the learning signal ∂L^t/∂h^t
+
+and a rule returns the gradient with respect to the *effective* weight ``(K, O)`` (the
+op's weight after its weight function, with the bias as row ``K-1``). Read
+``d_rtrl.py`` for the simplest rule, ``online.py`` for how signals are produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..compiler import ETraceGraph, HiddenGroup, Relation
+
+__all__ = ["PairSignals", "Rule", "TracedPair", "traced_pairs"]
+
+
+class PairSignals(NamedTuple):
+    """The canonical signals of one traced pair at one step (shapes in the module doc)."""
+
+    X: jax.Array
+    D: jax.Array
+    Df: jax.Array
+    G: jax.Array
+
+
+class Rule(Protocol):
+    """An online learning rule in the optax spirit: pure functions over a trace pytree.
+
+    ``init_traces(pair, batch, dtype)`` returns zero traces; ``step(traces, signals, t)``
+    returns ``(gradient (K, O) of this step, new traces)``; ``trace_bytes(pair, batch,
+    itemsize)`` says how much memory the traces take. ``t`` counts steps since the last
+    reset (0 at the first step).
+    """
+
+    name: str
+
+    def init_traces(self, pair: "TracedPair", batch: int, dtype: Any) -> Any: ...
+
+    def step(self, traces: Any, signals: PairSignals, t: jax.Array) -> tuple[jax.Array, Any]: ...
+
+    def trace_bytes(self, pair: "TracedPair", batch: int, itemsize: int) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedPair:
+    """One relation and one hidden group it drives, with the sizes of the canonical form.
+
+    Attributes:
+        index: position among the plan's pairs.
+        relation, group: what is paired.
+        transition: the closed jaxpr ``(y, *state leaves, *input leaves) -> h_new``.
+        positions: ``P`` (output positions sharing the weight: 1 unless conv).
+        patch: ``K`` (input features per position, bias column included).
+        outputs: ``O`` (units per position).
+    """
+
+    index: int
+    relation: Relation
+    group: HiddenGroup
+    transition: Any = dataclasses.field(compare=False, repr=False)
+    positions: int = 1
+    patch: int = 1
+    outputs: int = 1
+
+    @property
+    def kind(self) -> str:
+        return self.relation.op_kind
+
+    @property
+    def has_bias(self) -> bool:
+        return any(o.key == "bias" for o in self.relation.operands)
+
+    @property
+    def num_states(self) -> int:
+        return self.group.num_states
+
+    @property
+    def unit_shape(self) -> tuple[int, ...]:
+        return tuple(self.group.shape[1:])
+
+    # ------------------------------------------------------------ canonical form
+    def canonical_x(self, x: jax.Array | None, eqn_params: dict, batch: int, dtype: Any) -> jax.Array:
+        """``X (B, P, K)`` from the op's input ``x``."""
+        if self.kind == "elementwise":
+            return jnp.ones((batch, 1, 1), dtype)
+        if self.kind == "dense":
+            columns = x.reshape(batch, 1, -1)
+        else:
+            weight_shape = dict(self.relation.trainable_shapes)["weight"]
+            patches = lax.conv_general_dilated_patches(
+                x, filter_shape=weight_shape[:-2], window_strides=eqn_params["strides"],
+                padding=eqn_params["padding"], rhs_dilation=eqn_params["dilation"],
+                dimension_numbers=_CONV_DIMENSIONS[len(weight_shape) - 2],
+            )
+            columns = patches.reshape(batch, self.positions, -1)
+        columns = columns.astype(dtype)
+        if self.has_bias:
+            columns = jnp.concatenate([columns, jnp.ones((*columns.shape[:2], 1), dtype)], axis=-1)
+        return columns
+
+    def canonical_units(self, value: jax.Array, trailing: int) -> jax.Array:
+        """``(B, *unit_shape, *rest)`` → ``(B, P, O, *rest)`` (``rest`` has ``trailing`` axes)."""
+        rest = value.shape[value.ndim - trailing :] if trailing else ()
+        return value.reshape(value.shape[0], self.positions, self.outputs, *rest)
+
+    def effective_grads(self, grad: jax.Array) -> dict[str, jax.Array]:
+        """Canonical ``(K, O)`` gradient → gradients of the op's effective operands by key
+        (the weight after its weight function; for elementwise ops, ``y``)."""
+        shapes = dict(self.relation.trainable_shapes)
+        out: dict[str, jax.Array] = {}
+        if self.has_bias:
+            out["bias"] = grad[-1].reshape(shapes["bias"])
+            grad = grad[:-1]
+        if self.kind == "dense":
+            out["weight"] = grad.reshape(shapes["weight"])
+        elif self.kind == "conv":
+            kernel = shapes["weight"][:-2]
+            c_in, c_out = shapes["weight"][-2:]
+            grad = grad.reshape(c_in, math.prod(kernel), c_out)  # patches are channel-major
+            out["weight"] = jnp.moveaxis(grad, 0, 1).reshape(*kernel, c_in, c_out)
+        else:
+            per_unit = grad.reshape(self.unit_shape)
+            out["weight"] = _sum_to_shape(per_unit, self.relation.y_shape)
+        return out
+
+
+_CONV_DIMENSIONS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC")}
+
+
+def _sum_to_shape(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sum the axes ``shape`` was broadcast along (numpy rules) to get back ``shape``."""
+    lead = value.ndim - len(shape)
+    value = value.sum(axis=tuple(range(lead))) if lead else value
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and value.shape[i] != 1)
+    return value.sum(axis=axes, keepdims=True) if axes else value
+
+
+def traced_pairs(graph: ETraceGraph) -> tuple[TracedPair, ...]:
+    """Every (relation, group) pair of the graph, in relation order."""
+    pairs = []
+    for relation in graph.relations:
+        for group_index, transition in zip(relation.hidden_groups, relation.transitions):
+            group = graph.hidden_groups[group_index]
+            units = tuple(group.shape[1:])
+            if relation.op_kind == "dense":
+                positions, outputs = 1, units[-1]
+                patch = relation.x_shape[-1]
+            elif relation.op_kind == "conv":
+                positions, outputs = math.prod(units[:-1]), units[-1]
+                weight_shape = dict(relation.trainable_shapes)["weight"]
+                patch = math.prod(weight_shape[:-1])
+            else:
+                positions, outputs, patch = 1, math.prod(units), 0
+            patch += 1 if any(o.key == "bias" for o in relation.operands) or relation.op_kind == "elementwise" else 0
+            pairs.append(TracedPair(len(pairs), relation, group, transition, positions, patch, outputs))
+    return tuple(pairs)

@@ -1,0 +1,69 @@
+"""ES-D-RTRL (DESIGN.md §5.2): exponentially smoothed, factorised traces.
+
+    ε_x^t = α ε_x^{t-1} + X^t
+    ε_f^t = D^t ε_f^{t-1} + (1 − α) Df^t          (D over the state axis)
+    ∂L^t/∂W[k,o] ≈ Σ_{b,p} ε_x[b,p,k]^t Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^t / (1 − α^{t+1})
+
+Memory ``B·P·(K + O·S)``. Exact at ``t = 0`` and, at every step, on a leaky linear
+integrator whose Jacobian is the constant ``α``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError
+from .base import PairSignals, TracedPair
+
+__all__ = ["ESDRTRL", "resolve_decay"]
+
+
+def resolve_decay(decay: float | None, rank: int | None, default: float = 0.9) -> float:
+    """``α`` from ``decay`` (in [0, 1)) or ``rank`` r (α = (r − 1)/(r + 1)); ``default``
+    when neither is given. Both given, or out of range: :class:`ConfigError`."""
+    if decay is not None and rank is not None:
+        raise ConfigError(f"give decay or rank, not both (got decay={decay}, rank={rank})")
+    if rank is not None:
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ConfigError(f"rank must be a positive int, got {rank!r}")
+        return (rank - 1) / (rank + 1)
+    if decay is None:
+        return default
+    if not 0.0 <= float(decay) < 1.0:
+        raise ConfigError(f"decay must be in [0, 1), got {decay!r}")
+    return float(decay)
+
+
+class ESDRTRL:
+    """The ES-D-RTRL rule with smoothing factor ``alpha`` (see the module docstring)."""
+
+    name = "esd_rtrl"
+
+    def __init__(self, alpha: float):
+        self.alpha = float(alpha)
+
+    def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
+        return (
+            jnp.zeros((batch, pair.positions, pair.patch), dtype),
+            jnp.zeros((batch, pair.positions, pair.outputs, pair.num_states), dtype),
+        )
+
+    def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
+        return batch * pair.positions * (pair.patch + pair.outputs * pair.num_states) * itemsize
+
+    def step(self, traces, signals: PairSignals, t: jax.Array):
+        X, D, Df, G = signals
+        eps_x, eps_f = traces
+        alpha = self.alpha
+        if eps_f.shape[-1] == 1:
+            carried = D[..., 0, :] * eps_f
+        else:
+            carried = jnp.einsum("bposr,bpor->bpos", D, eps_f)
+        eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
+        eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
+        correction = 1.0 - alpha ** (t.astype(jnp.float32) + 1.0)
+        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction.astype(G.dtype)
+        return grad, (eps_x, eps_f)

@@ -1,0 +1,154 @@
+"""``sequence_grad``: the gradient of a sequence's summed loss by any rule, in one jitted scan.
+
+The public entry point of the learning rules. It compiles the model's step (once per
+input shape), plans a rule per traced weight, and runs the whole sequence in one
+``jit(lax.scan(...))``; a second call with the same shapes reuses the compiled code.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any, Callable, Mapping
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from ..compiler import DiagnosticKind, compile_graph, format_path
+from ..errors import ConfigError, ShapeError
+from .bptt import build_bptt
+from .esd_rtrl import resolve_decay
+from .hybrid import make_plan
+from .online import build_online
+
+__all__ = ["plan_for", "sequence_grad"]
+
+ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
+
+# model -> {key: (graph, plan, jitted runner)}; weak so a dropped model frees its code.
+_CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _signature(tree: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves)
+
+
+def _algo_key(algo: Any) -> Any:
+    return tuple(sorted(algo.items())) if isinstance(algo, Mapping) else algo
+
+
+def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
+    if not isinstance(algo, Mapping) and algo not in ALGOS:
+        raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
+                          f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
+    if not callable(step_loss):
+        raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got {type(step_loss).__name__}")
+    xs_leaves = jax.tree.leaves(xs)
+    if not xs_leaves:
+        raise ShapeError("sequence_grad: xs is empty; expected a time-major array (T, B, ...)")
+    length = jnp.shape(xs_leaves[0])[0] if jnp.ndim(xs_leaves[0]) else 0
+    for leaf in xs_leaves:
+        if jnp.ndim(leaf) < 2 or jnp.shape(leaf)[0] != length:
+            raise ShapeError(f"sequence_grad: xs must be time-major (T, B, ...) with one T, got shapes "
+                             f"{[tuple(jnp.shape(x)) for x in xs_leaves]}")
+    if length == 0:
+        raise ShapeError("sequence_grad: xs has no time steps (T = 0)")
+    for leaf in jax.tree.leaves(targets):
+        if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != length:
+            raise ShapeError(f"sequence_grad: targets must have the leading time axis T={length}, got shape "
+                             f"{tuple(jnp.shape(leaf))}")
+    alpha = resolve_decay(decay, rank)
+    if trace_dtype is not None:
+        trace_dtype = jnp.dtype(trace_dtype)
+        if trace_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64)):
+            raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
+
+    example = jax.tree.map(lambda x: x[0], xs)
+    key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), step_loss)
+    entries = _CACHE.setdefault(model, {})
+    if key not in entries:
+        graph = compile_graph(model, *((example,) if not isinstance(example, tuple) else example))
+        one_step = [d for d in graph.diagnostics if d.kind in (DiagnosticKind.EXCLUDED_WEIGHT_TO_WEIGHT,
+                                                                DiagnosticKind.IN_CONTROL_FLOW,
+                                                                DiagnosticKind.NOT_TRACED)]
+        if algo != "bptt" and one_step:
+            names = ", ".join(sorted({format_path(d.weight_path) for d in one_step if d.weight_path is not None}))
+            warnings.warn(f"these weights get the one-step gradient only (not traced online): {names}; "
+                          f"see compile_graph(model, x).explain(path), or use algo='bptt'", stacklevel=3)
+        if algo == "bptt":
+            plan, program = None, build_bptt(graph, step_loss)
+        else:
+            batch = graph.hidden_groups[0].shape[0] if graph.hidden_groups[0].shape else 1
+            dtype = jnp.dtype(graph.hidden_groups[0].dtype) if trace_dtype is None else trace_dtype
+            plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype)
+            program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=dtype)
+        entries[key] = (graph, plan, jax.jit(program.run))
+    return entries[key]
+
+
+def plan_for(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None, trace_dtype=None):
+    """The compiled graph and rule plan ``sequence_grad`` would use (``None`` plan for BPTT)."""
+    graph, plan, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    return graph, plan
+
+
+def sequence_grad(
+    model: Any,
+    xs: Any,
+    targets: Any,
+    step_loss: Callable[[Any, Any], jax.Array],
+    algo: str | Mapping[str, str] = "hybrid",
+    decay: float | None = None,
+    rank: int | None = None,
+    trace_dtype: Any = None,
+) -> tuple[dict, jax.Array]:
+    """Gradients of ``Σ_t step_loss(model(xs[t]), targets[t])`` over one sequence.
+
+    Args:
+        model: a ``brainstate.nn.Module`` with initialised states
+            (``brainstate.nn.init_all_states(model, batch_size=B)``); the sequence starts
+            from its current hidden states, with traces at zero.
+        xs: time-major inputs ``(T, B, ...)`` (a pytree of them for several inputs).
+        targets: a pytree with leading axis ``T``, or ``None``.
+        step_loss: ``(output_t, target_t) -> scalar``.
+        algo: ``"d_rtrl"``, ``"esd_rtrl"``, ``"hybrid"`` (default), ``"bptt"``, or a dict
+            ``{path pattern: rule}`` forcing rules per weight.
+        decay, rank: ES-D-RTRL's smoothing ``α`` (``decay`` in [0, 1), or ``rank`` r with
+            α = (r − 1)/(r + 1)); 0.9 when neither is given.
+        trace_dtype: dtype of the traces: the hidden states' dtype by default (float32
+            for a float32 model); bfloat16 halves their memory.
+
+    Returns:
+        ``(grads, losses)``: ``grads`` keyed exactly like
+        ``model.states(brainstate.ParamState)``, each with its state's value structure;
+        ``losses`` of shape ``(T,)``. The model's hidden states are left where the
+        sequence ended; its weights are not changed.
+
+    Example::
+
+        grads, losses = sequence_grad(model, xs, ys, lambda out, y: ((out - y) ** 2).sum())
+    """
+    graph, plan, runner = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    module = graph.module
+    weight_leaves = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+    state_leaves = module.state_leaves()
+    grads_leaves, losses, final_leaves = runner(weight_leaves, state_leaves, jax.tree.leaves(xs), targets)
+
+    grads, cursor = {}, 0
+    for state in module.weights:
+        count = len(state.in_vars)
+        grads[state.path] = jax.tree.unflatten(jax.tree.structure(state.state.value), grads_leaves[cursor:cursor + count])
+        cursor += count
+    cursor = 0
+    for state in module.states:
+        count = len(state.in_vars)
+        if state.kind != "weight" and state.written:
+            state.state.value = jax.tree.unflatten(jax.tree.structure(state.state.value), final_leaves[cursor:cursor + count])
+        cursor += count
+    ordered = {path: grads[path] for path in model.states(brainstate.ParamState).keys() if path in grads}
+    for path, param in model.states(brainstate.ParamState).items():
+        if path not in ordered:  # a weight the step never reads
+            ordered[path] = jax.tree.map(jnp.zeros_like, param.value)
+    return ordered, losses
