@@ -6,7 +6,7 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 """
 
 from . import algorithms, compiler, errors, layers, ops
-from .algorithms import sequence_grad
+from .algorithms import online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
@@ -27,6 +27,7 @@ __all__ = [
     "compiler",
     "errors",
     "layers",
+    "online_fit",
     "ops",
     "sequence_grad",
 ]

@@ -9,7 +9,7 @@ from .base import PairSignals, Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
 from .hybrid import Plan, make_plan
-from .sequence import plan_for, sequence_grad
+from .sequence import online_fit, plan_for, sequence_grad
 
 __all__ = [
     "DRTRL",
@@ -19,6 +19,7 @@ __all__ = [
     "Rule",
     "TracedPair",
     "make_plan",
+    "online_fit",
     "plan_for",
     "resolve_decay",
     "sequence_grad",

@@ -16,10 +16,12 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 
 from .. import _compat
-from ..compiler import ETraceGraph, group_jacobian, hidden_outputs
+from ..compiler import ETraceGraph, hidden_outputs
+from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
 
@@ -37,6 +39,7 @@ class OnlineProgram:
     """
 
     run: Callable[..., Any]
+    run_with_updates: Callable[..., Any] | None = None
 
 
 def _weight_positions(module) -> list[int]:
@@ -113,6 +116,49 @@ def build_online(
         loss = step_loss(outputs, target)
         return (loss, uncut), (outs[num_outputs:], [captured[var] for var in capture])
 
+    # D and Df from one linearisation of all groups' transitions at once: the step with
+    # every related op's output y an input and other trainable ops held constant.
+    groups = [g for g in graph.hidden_groups if any(p.group.index == g.index for p in pairs)]
+    relation_eqns = list(dict.fromkeys(p.relation.eqn_index for p in pairs))
+    state_position = {}
+    cursor = 0
+    for state in module.states:
+        state_position[state.path] = cursor
+        cursor += len(state.in_vars)
+
+    def transition_derivatives(leaves, input_leaves, captured):
+        h_prev = [jnp.stack([leaves[state_position[path]] for path in g.paths], axis=-1) for g in groups]
+        ys = [captured[eqns[i].outvars[0]] for i in relation_eqns]
+
+        def transitions(h_groups, ys_):
+            step_leaves = list(leaves)
+            for group, h in zip(groups, h_groups):
+                for s, path in enumerate(group.paths):
+                    step_leaves[state_position[path]] = h[..., s]
+            outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)))
+            return [jnp.stack([outs[num_outputs + state_position[path]] for path in g.paths], axis=-1) for g in groups]
+
+        _, linear = jax.linearize(transitions, h_prev, ys)
+        zero_h = [jnp.zeros_like(h) for h in h_prev]
+        zero_y = [jnp.zeros_like(y) for y in ys]
+        jacobians = {}
+        for n, group in enumerate(groups):
+            columns = []
+            for s in range(group.num_states):
+                tangent = list(zero_h)
+                tangent[n] = zero_h[n].at[..., s].set(1.0)
+                columns.append(linear(tangent, zero_y)[n])
+            jacobians[group.index] = jnp.stack(columns, axis=-1)
+        sensitivities = {}
+        for m, eqn_index in enumerate(relation_eqns):
+            tangent = list(zero_y)
+            tangent[m] = jnp.ones_like(ys[m])
+            out = linear(zero_h, tangent)
+            for pair in pairs:
+                if pair.relation.eqn_index == eqn_index:
+                    sensitivities[pair.index] = out[groups.index(pair.group)]
+        return jacobians, sensitivities
+
     def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
         perturbations = [jnp.zeros(s.in_vars[0].aval.shape, s.in_vars[0].aval.dtype) for s in hidden]
         (loss, uncut), pullback, (new_leaves, captured_values) = jax.vjp(
@@ -133,17 +179,12 @@ def build_online(
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
-        jacobians = {g.index: group_jacobian(module, g, leaves, list(input_leaves)) for g in graph.hidden_groups
-                     if any(p.group.index == g.index for p in pairs)}
+        jacobians, sensitivities = transition_derivatives(leaves, list(input_leaves), captured)
         signal_of = {s.path: signals[k] for k, s in enumerate(hidden)}
 
         pair_grads, new_traces = [], []
         for pair, rule, eqn, trace in zip(pairs, rules, pair_eqns, traces):
-            y = captured[eqn.outvars[0]]
-            _, Df = jax.jvp(
-                lambda y_: _compat.jaxpr_as_fun(pair.transition)(y_, *leaves, *input_leaves)[0],
-                (y,), (jnp.ones_like(y),),
-            )
+            Df = sensitivities[pair.index]
             G = jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1)
             batch = G.shape[0]
             x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
@@ -158,37 +199,81 @@ def build_online(
             new_traces.append(trace)
         return loss, new_leaves, weight_grads, pair_grads, new_traces
 
+    batch = pairs[0].group.shape[0] if pairs else 1
+    accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
+
+    def zero_accumulators(weight_leaves):
+        return ([jnp.zeros_like(w) for w in weight_leaves],
+                [jnp.zeros((pair.patch, pair.outputs), accumulate) for pair in pairs])
+
+    def weight_gradients(weight_leaves, weight_acc, pair_acc, state_leaves, input_leaves):
+        """Accumulated gradients per weight leaf: the one-step / direct parts plus each
+        pair's effective-weight gradient mapped back through the op's weight function
+        and any chain (mask, ...) between the ParamState and the op."""
+        if not pairs:
+            return list(weight_acc)
+        cotangents = _effective_cotangents(pairs, pair_acc)
+        values, pull = jax.vjp(lambda w: _effective_values(module, w, state_leaves, input_leaves, weight_positions,
+                                                           list(cotangents)), list(weight_leaves))
+        mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
+        return [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
+
+    def scan_body(weight_leaves, carry, inputs):
+        state_leaves, traces, weight_acc, pair_acc, t = carry
+        input_leaves, target = inputs
+        loss, new_leaves, weight_grads, pair_grads, traces = step(
+            weight_leaves, state_leaves, input_leaves, target, traces, t)
+        weight_acc = [a + g for a, g in zip(weight_acc, weight_grads)]
+        pair_acc = [a + g.astype(a.dtype) for a, g in zip(pair_acc, pair_grads)]
+        return (list(new_leaves), traces, weight_acc, pair_acc, t + 1), loss
+
+    def initial_traces():
+        return [rule.init_traces(pair, batch, trace_dtype) for pair, rule in zip(pairs, rules)]
+
     def run(weight_leaves, state_leaves, xs_leaves, targets):
         weight_leaves = list(weight_leaves)
-        batch = pairs[0].group.shape[0] if pairs else 1
-        traces0 = [rule.init_traces(pair, batch, trace_dtype) for pair, rule in zip(pairs, rules)]
-        grads0 = [jnp.zeros_like(w) for w in weight_leaves]
-        accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
-        pair_grads0 = [jnp.zeros((pair.patch, pair.outputs), accumulate) for pair in pairs]
+        carry = (list(state_leaves), initial_traces(), *zero_accumulators(weight_leaves), jnp.zeros((), jnp.int32))
+        (final_leaves, _, weight_acc, pair_acc, _), losses = lax.scan(
+            lambda c, i: scan_body(weight_leaves, c, i), carry, (list(xs_leaves), targets))
+        grads = weight_gradients(weight_leaves, weight_acc, pair_acc, state_leaves, [x[0] for x in xs_leaves])
+        return grads, losses, final_leaves
+
+    def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every):
+        """As ``run``, but applies ``optimizer`` every ``every`` steps inside the scan
+        (traces carry on across updates: true online learning). Returns ``(weights,
+        opt_state, losses, final state leaves)``."""
+
+        def apply(weights, opt_state, weight_acc, pair_acc, state_leaves, input_leaves):
+            grads = weight_gradients(weights, weight_acc, pair_acc, state_leaves, input_leaves)
+            updates, opt_state = optimizer.update(grads, opt_state, weights)
+            return list(optax.apply_updates(weights, updates)), opt_state
 
         def body(carry, inputs):
-            state_leaves, traces, weight_acc, pair_acc, t = carry
-            input_leaves, target = inputs
-            loss, new_leaves, weight_grads, pair_grads, traces = step(
-                weight_leaves, state_leaves, input_leaves, target, traces, t)
-            weight_acc = [a + g for a, g in zip(weight_acc, weight_grads)]
-            pair_acc = [a + g.astype(a.dtype) for a, g in zip(pair_acc, pair_grads)]
-            return (list(new_leaves), traces, weight_acc, pair_acc, t + 1), loss
+            weights, opt_state, inner = carry
+            inner, loss = scan_body(weights, inner, inputs)
+            state_leaves, traces, weight_acc, pair_acc, t = inner
+            weights, opt_state = lax.cond(
+                t % every == 0,
+                lambda: apply(weights, opt_state, weight_acc, pair_acc, state_leaves, inputs[0]),
+                lambda: (weights, opt_state),
+            )
+            weight_acc, pair_acc = lax.cond(
+                t % every == 0, lambda: zero_accumulators(weights), lambda: (weight_acc, pair_acc))
+            return (weights, opt_state, (state_leaves, traces, weight_acc, pair_acc, t)), loss
 
-        carry = (list(state_leaves), traces0, grads0, pair_grads0, jnp.zeros((), jnp.int32))
-        (final_leaves, _, weight_acc, pair_acc, _), losses = lax.scan(body, carry, (list(xs_leaves), targets))
-        # Map each pair's effective-weight gradient back to the ParamState leaves
-        # through the op's weight function and any chain (mask, ...) before it.
-        if pairs:
-            first_inputs = [x[0] for x in xs_leaves]
-            cotangents = _effective_cotangents(pairs, pair_acc)
-            values, pull = jax.vjp(lambda w: _effective_values(module, w, state_leaves, first_inputs, weight_positions,
-                                                               list(cotangents)), weight_leaves)
-            mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
-            weight_acc = [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
-        return weight_acc, losses, final_leaves
+        inner = (list(state_leaves), initial_traces(), *zero_accumulators(list(weight_leaves)), jnp.zeros((), jnp.int32))
+        (weights, opt_state, inner), losses = lax.scan(
+            body, (list(weight_leaves), opt_state, inner), (list(xs_leaves), targets))
+        final_leaves, _, weight_acc, pair_acc, t = inner
+        # A last partial window still updates the weights.
+        weights, opt_state = lax.cond(
+            t % every != 0,
+            lambda: apply(weights, opt_state, weight_acc, pair_acc, final_leaves, [x[-1] for x in xs_leaves]),
+            lambda: (weights, opt_state),
+        )
+        return weights, opt_state, losses, final_leaves
 
-    return OnlineProgram(run=run)
+    return OnlineProgram(run=run, run_with_updates=run_with_updates)
 
 
 def _effective_cotangents(pairs, pair_acc) -> dict:

@@ -22,7 +22,7 @@ from .esd_rtrl import resolve_decay
 from .hybrid import make_plan
 from .online import build_online
 
-__all__ = ["plan_for", "sequence_grad"]
+__all__ = ["online_fit", "plan_for", "sequence_grad"]
 
 ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
 
@@ -84,13 +84,13 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
             dtype = jnp.dtype(graph.hidden_groups[0].dtype) if trace_dtype is None else trace_dtype
             plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype)
             program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=dtype)
-        entries[key] = (graph, plan, jax.jit(program.run))
+        entries[key] = (graph, plan, jax.jit(program.run), program)
     return entries[key]
 
 
 def plan_for(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None, trace_dtype=None):
     """The compiled graph and rule plan ``sequence_grad`` would use (``None`` plan for BPTT)."""
-    graph, plan, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    graph, plan, _, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
     return graph, plan
 
 
@@ -130,25 +130,93 @@ def sequence_grad(
 
         grads, losses = sequence_grad(model, xs, ys, lambda out, y: ((out - y) ** 2).sum())
     """
-    graph, plan, runner = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    graph, plan, runner, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
     module = graph.module
-    weight_leaves = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
-    state_leaves = module.state_leaves()
-    grads_leaves, losses, final_leaves = runner(weight_leaves, state_leaves, jax.tree.leaves(xs), targets)
+    grads_leaves, losses, final_leaves = runner(_weight_leaves(module), module.state_leaves(), jax.tree.leaves(xs), targets)
+    _write_states(module, final_leaves)
+    grads = _per_state(module, grads_leaves)
+    ordered = {path: grads[path] for path in model.states(brainstate.ParamState).keys() if path in grads}
+    for path, param in model.states(brainstate.ParamState).items():
+        if path not in ordered:  # a weight the step never reads
+            ordered[path] = jax.tree.map(jnp.zeros_like, param.value)
+    return ordered, losses
 
-    grads, cursor = {}, 0
+
+def online_fit(
+    model: Any,
+    xs: Any,
+    targets: Any,
+    step_loss: Callable[[Any, Any], jax.Array],
+    optimizer: Any,
+    opt_state: Any = None,
+    *,
+    update_every: int = 1,
+    algo: str | Mapping[str, str] = "hybrid",
+    decay: float | None = None,
+    rank: int | None = None,
+    trace_dtype: Any = None,
+) -> tuple[Any, jax.Array]:
+    """Train on one sequence *online*: an optimizer update every ``update_every`` steps.
+
+    Like :func:`sequence_grad`, but inside the scan the accumulated gradient is applied
+    with ``optimizer`` (an optax ``GradientTransformation``) every ``update_every``
+    steps (and once more for a last partial window); traces carry on across updates.
+    The model's weights and hidden states are updated in place.
+
+    Args:
+        opt_state: the optimizer state from the previous call, or ``None`` to start
+            (``optimizer.init`` of the list of weight leaves).
+
+    Returns:
+        ``(opt_state, losses)``; pass ``opt_state`` to the next call.
+
+    Example::
+
+        opt_state = None
+        for xs, ys in sequences:
+            opt_state, losses = online_fit(model, xs, ys, loss, optax.adam(1e-3), opt_state, update_every=10)
+    """
+    if not isinstance(update_every, int) or isinstance(update_every, bool) or update_every < 1:
+        raise ConfigError(f"update_every must be a positive int, got {update_every!r}")
+    if algo == "bptt":
+        raise ConfigError("update_every needs an online rule ('d_rtrl', 'esd_rtrl', 'hybrid'); BPTT must see the "
+                          "whole sequence before it has a gradient")
+    graph, plan, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    module = graph.module
+    weights = _weight_leaves(module)
+    if opt_state is None:
+        opt_state = optimizer.init(weights)
+    entries = _CACHE[model]
+    key = ("online_fit", id(program), optimizer, update_every)
+    if key not in entries:
+        entries[key] = jax.jit(lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every))
+    weights, opt_state, losses, final_leaves = entries[key](weights, module.state_leaves(), jax.tree.leaves(xs),
+                                                            targets, opt_state)
+    _write_states(module, final_leaves)
+    for path, value in _per_state(module, weights).items():
+        module.state(path).state.value = value
+    return opt_state, losses
+
+
+def _weight_leaves(module) -> list:
+    return [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+
+
+def _per_state(module, weight_leaves) -> dict:
+    """Weight leaves (in ``module.weights`` order) regrouped per ParamState value."""
+    out, cursor = {}, 0
     for state in module.weights:
         count = len(state.in_vars)
-        grads[state.path] = jax.tree.unflatten(jax.tree.structure(state.state.value), grads_leaves[cursor:cursor + count])
+        out[state.path] = jax.tree.unflatten(jax.tree.structure(state.state.value), weight_leaves[cursor:cursor + count])
         cursor += count
+    return out
+
+
+def _write_states(module, final_leaves) -> None:
+    """Leave the written non-weight states where the sequence ended."""
     cursor = 0
     for state in module.states:
         count = len(state.in_vars)
         if state.kind != "weight" and state.written:
             state.state.value = jax.tree.unflatten(jax.tree.structure(state.state.value), final_leaves[cursor:cursor + count])
         cursor += count
-    ordered = {path: grads[path] for path in model.states(brainstate.ParamState).keys() if path in grads}
-    for path, param in model.states(brainstate.ParamState).items():
-        if path not in ordered:  # a weight the step never reads
-            ordered[path] = jax.tree.map(jnp.zeros_like, param.value)
-    return ordered, losses
