@@ -1,12 +1,13 @@
 """The online step (DESIGN.md §5.6) and the scan over a sequence.
 
-At every step: run the step forward with each new hidden value cut from the weights
-(``stop_gradient(ĥ) + p``), so that one VJP yields the learning signal ``g = ∂L/∂p`` and
-the direct gradient of every weight (paths that avoid the hidden states); a second
-pull-back of ``g`` through the uncut hidden values gives the one-step gradient of the
-weights no rule traces. ``D`` and ``Df`` come from forward-mode JVPs of the compiler's
-transitions; each pair's rule updates its traces and returns its gradient. Read
-``sequence.py`` for the public entry point.
+At every step: run the step forward with a perturbation added to each new hidden
+value (``ĥ + p``); one pull-back of the step loss gives ``∂L/∂p`` and every weight's
+one-step gradient (``h^{t-1}`` held). Untraced weights keep that one-step gradient;
+the learning signal ``g`` is ``∂L/∂p`` less the within-group paths the traces already
+carry (``compiler.group_signal_correction``). ``D`` and ``Df`` come from one
+linearisation of the step with the related ops' outputs as inputs; each pair's rule
+updates its traces and returns its gradient. Read ``sequence.py`` for the public entry
+point.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import optax
 from jax import lax
 
 from .. import _compat
-from ..compiler import ETraceGraph, hidden_outputs
+from ..compiler import ETraceGraph, group_jacobian, group_signal_correction, hidden_outputs
+from ..compiler.perturbation import add_output_perturbations
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
@@ -84,37 +86,34 @@ def build_online(
             capture[eqn.invars[0]] = True
 
     # Weight leaves a rule traces (through its relation's operands); the rest get the
-    # one-step gradient (direct + pulled back through the new hidden values).
+    # one-step gradient ∂L^t/∂θ with h^{t-1} held constant.
     traced_leaves = set()
     weight_leaf_number = {(s.path, leaf): n for n, (s, leaf) in enumerate(
         (s, leaf) for s in module.weights for leaf in s.leaf_names)}
     for pair in pairs:
         for operand in pair.relation.operands:
             traced_leaves.add(weight_leaf_number[(operand.path, operand.leaf)])
-    one_step = [n for n in range(len(weight_vars)) if n not in traced_leaves]
 
     def forward(weight_leaves, perturbations, state_leaves, input_leaves, target):
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
-        captured, uncut = {}, [None] * len(hidden)
+        captured, produced = {}, {}
 
         def on_write(var, value):
             if var in capture:
                 captured[var] = value
-            k = at_production.get(var)
-            if k is None:
+            states = at_production.get(var)
+            if states is None:
                 return value
-            uncut[k] = value
-            return lax.stop_gradient(value) + perturbations[k]
+            produced[var] = value
+            return value + perturbations[states[0]]
 
         outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], on_write=on_write)
-        for k, position in at_output.items():
-            uncut[k] = outs[position]
-            outs[position] = lax.stop_gradient(outs[position]) + perturbations[k]
+        outs = add_output_perturbations(outs, at_output, produced, perturbations)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
         loss = step_loss(outputs, target)
-        return (loss, uncut), (outs[num_outputs:], [captured[var] for var in capture])
+        return loss, (outs[num_outputs:], [captured[var] for var in capture])
 
     # D and Df from one linearisation of all groups' transitions at once: the step with
     # every related op's output y an input and other trainable ops held constant.
@@ -143,6 +142,9 @@ def build_online(
         zero_y = [jnp.zeros_like(y) for y in ys]
         jacobians = {}
         for n, group in enumerate(groups):
+            if not group.elementwise:  # units mix: the exact per-unit blocks, at a cost
+                jacobians[group.index] = group_jacobian(module, group, leaves, input_leaves)
+                continue
             columns = []
             for s in range(group.num_states):
                 tangent = list(zero_h)
@@ -161,24 +163,21 @@ def build_online(
 
     def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
         perturbations = [jnp.zeros(s.in_vars[0].aval.shape, s.in_vars[0].aval.dtype) for s in hidden]
-        (loss, uncut), pullback, (new_leaves, captured_values) = jax.vjp(
+        loss, pullback, (new_leaves, captured_values) = jax.vjp(
             lambda w, p: forward(w, p, state_leaves, input_leaves, target), list(weight_leaves), perturbations,
             has_aux=True,
         )
         captured = dict(zip(capture, captured_values))
-        direct, signals = pullback((jnp.ones_like(loss), [jnp.zeros_like(h) for h in uncut]))
-        weight_grads = list(direct)
-        if one_step:
-            through, _ = pullback((jnp.zeros_like(loss), list(signals)))
-            for n in one_step:
-                weight_grads[n] = weight_grads[n] + through[n]
-        for n in traced_leaves:
-            weight_grads[n] = direct[n]
+        # One pull-back: every weight's one-step gradient (h^{t-1} held) and the
+        # perturbation gradients. Traced weights take their rule's gradient instead.
+        one_step_grads, totals = pullback(jnp.ones_like(loss))
+        weight_grads = [jnp.zeros_like(g) if n in traced_leaves else g for n, g in enumerate(one_step_grads)]
 
         # The step as the transitions see it: current weights in the state leaves.
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
+        signals = group_signal_correction(module, graph.hidden_groups, totals, leaves, list(input_leaves))
         jacobians, sensitivities = transition_derivatives(leaves, list(input_leaves), captured)
         signal_of = {s.path: signals[k] for k, s in enumerate(hidden)}
 

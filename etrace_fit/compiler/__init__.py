@@ -9,7 +9,7 @@ from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .graph import ETraceGraph, compile_graph
 from .hidden_groups import HiddenGroup, group_jacobian, group_transition, hidden_groups, transition_jaxpr
 from .module_info import ModuleInfo, StateInfo, module_info
-from .perturbation import hidden_outputs, perturbed_step
+from .perturbation import group_signal_correction, hidden_outputs, perturbed_step, within_group_readers
 from .relations import ALL_DIRECT, ALL_THROUGH_OTHER_ETP, MIXED, OperandSource, Relation, relations
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "StateInfo",
     "compile_graph",
     "format_path",
+    "group_signal_correction",
     "group_jacobian",
     "group_transition",
     "hidden_groups",
@@ -35,4 +36,5 @@ __all__ = [
     "perturbed_step",
     "relations",
     "transition_jaxpr",
+    "within_group_readers",
 ]

@@ -15,7 +15,7 @@ __all__ = ["cut_step", "is_boundary", "is_elementwise", "is_etp"]
 # batch included), so a dependency through them stays within a unit.
 _ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh broadcast_in_dim cbrt ceil clamp
-    convert_element_type copy copy_p cos cosh custom_jvp_call div eq erf erf_inv erfc exp exp2
+    convert_element_type copy copy_p cos cosh div eq erf erf_inv erfc exp exp2
     expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul ne neg
     nextafter not or pow real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square
     stop_gradient sub tan tanh xor""".split()
@@ -33,9 +33,13 @@ def is_boundary(eqn: Any) -> bool:
 
 
 def is_elementwise(eqn: Any) -> bool:
+    """Whether ``eqn`` acts on each unit on its own (a custom_jvp function: if everything
+    inside it does)."""
     info = etp_op_info(eqn.primitive)
     if info is not None:
         return info.transparent
+    if eqn.primitive.name == "custom_jvp_call":
+        return all(is_elementwise(inner) for inner in eqn.params["call_jaxpr"].jaxpr.eqns)
     return eqn.primitive.name in _ELEMENTWISE
 
 

@@ -10,6 +10,7 @@ Read ``relations.py`` next.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import jax
@@ -30,15 +31,18 @@ class HiddenGroup:
 
     Attributes:
         index: position among the graph's groups.
-        paths: the states' paths, in the model's state order.
+        paths: the states' paths, in the order the step's jaxpr takes them.
         shape: the shape every state of the group has (e.g. ``(B, units)``).
         dtype: their dtype.
+        elementwise: whether the states couple only per unit within a step; when not,
+            :func:`group_jacobian` extracts the per-unit part of the full Jacobian.
     """
 
     index: int
     paths: tuple[tuple, ...]
     shape: tuple[int, ...]
     dtype: Any
+    elementwise: bool = True
 
     @property
     def num_states(self) -> int:
@@ -98,16 +102,18 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
         parent[find(a)] = find(b)
 
     diagnostics: list[Diagnostic] = []
+    mixing: set[int] = set()
     for k, state in enumerate(hidden):
         out_var = state.out_vars[0]
         sources = {} if isinstance(out_var, _compat.Literal) else deps.get(out_var, {})
         for j, elementwise in sources.items():
             union(j, k)
             if not elementwise:
+                mixing.add(k)
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.NON_ELEMENTWISE_COUPLING,
                     f"{state.name} depends on {hidden[j].name} through an op that mixes units "
-                    f"(not a trainable ETP op); the group's Jacobian keeps the per-unit part only",
+                    f"(not a trainable ETP op); the traces keep the group Jacobian's per-unit part only",
                     hidden_paths=(hidden[j].path, state.path),
                 ))
 
@@ -125,7 +131,8 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
                     f"hidden states {listing} update each other per unit but differ in shape or dtype, "
                     f"so they cannot form one hidden group; give them one shape"
                 )
-        groups.append(HiddenGroup(index, tuple(hidden[k].path for k in ks), tuple(first.shape), first.dtype))
+        groups.append(HiddenGroup(index, tuple(hidden[k].path for k in ks), tuple(first.shape), first.dtype,
+                                  elementwise=not any(k in mixing for k in ks)))
     return tuple(groups), tuple(diagnostics)
 
 
@@ -169,10 +176,17 @@ def group_jacobian(
     module: ModuleInfo, group: HiddenGroup, state_leaves: Sequence[Any], input_leaves: Sequence[Any]
 ) -> jax.Array:
     """The per-unit Jacobian ``D`` of shape ``(*group.shape, S, S)`` at the given values,
-    by forward mode: one JVP per state of the group."""
+    by forward mode: one JVP per state of the group when states couple only per unit;
+    otherwise the per-unit diagonal blocks of the full Jacobian (costly: ``jacfwd``)."""
     positions = _leaf_positions(module)
     transition = group_transition(module, group)
     h_prev = jnp.stack([state_leaves[positions[path]] for path in group.paths], axis=-1)
+    if not group.elementwise:
+        full = jax.jacfwd(lambda h: transition(h, state_leaves, input_leaves))(h_prev)
+        units, num_states = math.prod(group.shape), group.num_states
+        full = full.reshape(units, num_states, units, num_states)
+        index = jnp.arange(units)
+        return full[index, :, index, :].reshape(*group.shape, num_states, num_states)
     columns = []
     for s in range(group.num_states):
         tangent = jnp.zeros_like(h_prev).at[..., s].set(1.0)

@@ -103,6 +103,9 @@ class ModuleInfo:
 
 
 def _leaf_names(value: Any) -> tuple[str, ...]:
+    """A name per leaf: ``""`` for a single array (or quantity), key paths otherwise."""
+    if len(jax.tree.leaves(value)) == 1:
+        return ("",)
     paths = jax.tree_util.tree_flatten_with_path(value)[0]
     names = tuple("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath) for keypath, _ in paths)
     return names or ("",)

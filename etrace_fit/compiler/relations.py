@@ -162,6 +162,16 @@ def _reach(module: ModuleInfo, start: int, y: Any) -> dict[Any, int]:
     return reach
 
 
+def _reaches_output_around_hidden(module: ModuleInfo, start: int, y: Any, hidden_out, outputs: set) -> bool:
+    """Whether ``y`` reaches a step output along a path that passes no new hidden value."""
+    blockers = {var for var, _ in hidden_out}
+    reached = {y} - blockers
+    for eqn in module.jaxpr.eqns[start + 1 :]:
+        if any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
+            reached.update(v for v in eqn.outvars if v not in blockers)
+    return any(var in reached for var in outputs)
+
+
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     try:
         return tuple(np.broadcast_shapes(shape, target)) == tuple(target)
@@ -190,7 +200,7 @@ def relations(
 ) -> tuple[tuple[Relation, ...], tuple[Diagnostic, ...]]:
     """All relations of the step, in equation order, and the pass's diagnostics."""
     backtracer = _Backtracer(module)
-    hidden_out = {s.out_vars[0]: s for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+    hidden_out = [(s.out_vars[0], s) for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)]
     group_of = {path: group for group in groups for path in group.paths}
     outputs = set(v for v in module.output_vars if not isinstance(v, _compat.Literal))
     found: list[Relation] = []
@@ -229,10 +239,13 @@ def relations(
 
         y = eqn.outvars[0]
         reach = _reach(module, index, y)
-        reached = {s.path: reach[var] for var, s in hidden_out.items() if var in reach}
+        reached = {s.path: reach[var] for var, s in hidden_out if var in reach}
         reached = {path: flags for path, flags in sorted(reached.items(), key=lambda item: _order(module, item[0]))}
         direct = [path for path, flags in reached.items() if flags & _DIRECT]
-        shape_ok = [path for path in direct if _broadcasts_to(tuple(y.aval.shape), group_of[path].shape)]
+        # A dense or conv output must match the state per unit; an elementwise
+        # parameter may broadcast over the batch (and over units it is shared by).
+        fits = _broadcasts_to if op.kind == "elementwise" else (lambda a, b: tuple(a) == tuple(b))
+        shape_ok = [path for path in direct if fits(tuple(y.aval.shape), group_of[path].shape)]
         for path in direct:
             if path not in shape_ok:
                 diagnostics.append(Diagnostic(
@@ -264,6 +277,13 @@ def relations(
             DiagnosticKind.RELATION_INCLUDED, f"{name} drives {hidden_names} ({classification})",
             primitive=name, weight_path=weight_path, hidden_paths=tuple(shape_ok),
         ))
+        if _reaches_output_around_hidden(module, index, y, hidden_out, outputs):
+            diagnostics.append(Diagnostic(
+                DiagnosticKind.PARTIAL_PATH,
+                f"{name} also reaches the step's output without passing a hidden state; online rules "
+                f"include only its effect through the hidden states",
+                primitive=name, weight_path=weight_path, hidden_paths=tuple(shape_ok),
+            ))
         if classification == MIXED:
             through = ", ".join(format_path(p) for p in shape_ok if reached[p] & _THROUGH)
             diagnostics.append(Diagnostic(
@@ -322,26 +342,35 @@ def _untraced_weights(module: ModuleInfo, consumed: set) -> list[Diagnostic]:
 
 
 def _control_flow_diagnostics(eqn: Any, backtracer: _Backtracer) -> list[Diagnostic]:
-    """An ETP op inside ``scan`` / ``while`` / ``cond`` (or another call) is not traced: say
-    which primitive and which weight."""
+    """An ETP op inside ``scan`` / ``while`` / ``cond`` (or another call), at any depth,
+    is not traced: say which primitive, which weight, and which control flow."""
     records = []
-    for inner in _compat.jaxprs_in_params(eqn.params):
+
+    def visit(outer_eqn, inner, to_outer, nesting):
+        operands = _compat.control_flow_operands(outer_eqn, inner)
+        # inner variable -> outer-level variable, when the binding is known
+        binding = {} if operands is None else {
+            var: to_outer(operand) for var, operand in zip(inner.invars, operands)
+        }
         for inner_eqn in inner.eqns:
             op = etp_op_info(inner_eqn.primitive)
             if op is None:
+                for deeper in _compat.jaxprs_in_params(inner_eqn.params):
+                    visit(inner_eqn, deeper, lambda v, b=binding: b.get(v), (*nesting, inner_eqn.primitive.name))
                 continue
             _, trainables = op.split_operands(list(inner_eqn.invars))
-            operands = _compat.control_flow_operands(eqn, inner)
-            weight_path = None
-            var = trainables.get("weight")
-            if operands is not None and var in inner.invars:
-                weight_path = backtracer.trace(operands[inner.invars.index(var)])[0]
+            outer_var = binding.get(trainables.get("weight"))
+            weight_path = None if outer_var is None else backtracer.trace(outer_var)[0]
             weight = format_path(weight_path) if weight_path is not None else "an unidentified weight"
+            where = " inside ".join(reversed(nesting))
             records.append(Diagnostic(
                 DiagnosticKind.IN_CONTROL_FLOW,
-                f"{inner_eqn.primitive.name} using {weight} sits inside {eqn.primitive.name}; online rules "
-                f"do not look inside control flow, so it gets the one-step gradient",
+                f"{inner_eqn.primitive.name} using {weight} sits inside {where}; online rules do not look "
+                f"inside control flow, so it gets the one-step gradient",
                 primitive=inner_eqn.primitive.name, weight_path=weight_path,
-                context=(("control_flow", eqn.primitive.name),),
+                context=(("control_flow", where),),
             ))
+
+    for inner in _compat.jaxprs_in_params(eqn.params):
+        visit(eqn, inner, lambda v: v, (eqn.primitive.name,))
     return records
