@@ -64,6 +64,7 @@ class ESDRTRL:
             carried = jnp.einsum("bposr,bpor->bpos", D, eps_f)
         eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
         eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
-        correction = 1.0 - alpha ** (t.astype(jnp.float32) + 1.0)
-        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction.astype(G.dtype)
+        dtype = jnp.promote_types(G.dtype, jnp.float32)
+        correction = 1.0 - jnp.asarray(alpha, dtype) ** (t.astype(dtype) + 1.0)
+        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction
         return grad, (eps_x, eps_f)

@@ -104,7 +104,7 @@ def make_plan(
     elif algo in ONLINE_RULES:
         default = algo
     else:
-        raise ConfigError(f"unknown algo {algo!r}; valid: 'd_rtrl', 'esd_rtrl', 'hybrid', 'bptt', or a dict "
+        raise ConfigError(f"unknown online rule {algo!r}; valid: 'd_rtrl', 'esd_rtrl', 'hybrid', or a dict "
                           f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
     rules = []
     for pair in pairs:

@@ -30,6 +30,30 @@ ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
 _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
+# Exclusions after which a weight gets the one-step gradient only: warned about by name.
+_ONE_STEP_KINDS = (
+    DiagnosticKind.EXCLUDED_WEIGHT_TO_WEIGHT,
+    DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
+    DiagnosticKind.EXCLUDED_NO_PARAM_STATE,
+    DiagnosticKind.IN_CONTROL_FLOW,
+    DiagnosticKind.NOT_TRACED,
+)
+
+
+def _check_batch_axis(model, xs_leaves) -> None:
+    """xs is (T, B, ...) and every hidden state is (B, ...): say which disagrees."""
+    batch = jnp.shape(xs_leaves[0])[1]
+    for path, state in model.states(brainstate.HiddenState).items():
+        shape = tuple(jnp.shape(jax.tree.leaves(state.value)[0]))
+        if not shape or shape[0] != batch:
+            raise ShapeError(
+                f"sequence_grad: xs has shape {tuple(jnp.shape(xs_leaves[0]))}, read as time-major (T, B, ...) "
+                f"with B={batch}, but hidden state {format_path(path)} has shape {shape}; expected a "
+                f"leading batch axis of {batch}. Initialise states with brainstate.nn.init_all_states(model, "
+                f"batch_size=B), and pass xs time-major (swap axes 0 and 1 of batch-major data)"
+            )
+
+
 def _signature(tree: Any) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves)
@@ -69,10 +93,9 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
     key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), step_loss)
     entries = _CACHE.setdefault(model, {})
     if key not in entries:
+        _check_batch_axis(model, xs_leaves)
         graph = compile_graph(model, *((example,) if not isinstance(example, tuple) else example))
-        one_step = [d for d in graph.diagnostics if d.kind in (DiagnosticKind.EXCLUDED_WEIGHT_TO_WEIGHT,
-                                                                DiagnosticKind.IN_CONTROL_FLOW,
-                                                                DiagnosticKind.NOT_TRACED)]
+        one_step = [d for d in graph.diagnostics if d.kind in _ONE_STEP_KINDS]
         if algo != "bptt" and one_step:
             names = ", ".join(sorted({format_path(d.weight_path) for d in one_step if d.weight_path is not None}))
             warnings.warn(f"these weights get the one-step gradient only (not traced online): {names}; "
@@ -135,11 +158,9 @@ def sequence_grad(
     grads_leaves, losses, final_leaves = runner(_weight_leaves(module), module.state_leaves(), jax.tree.leaves(xs), targets)
     _write_states(module, final_leaves)
     grads = _per_state(module, grads_leaves)
-    ordered = {path: grads[path] for path in model.states(brainstate.ParamState).keys() if path in grads}
-    for path, param in model.states(brainstate.ParamState).items():
-        if path not in ordered:  # a weight the step never reads
-            ordered[path] = jax.tree.map(jnp.zeros_like, param.value)
-    return ordered, losses
+    # In the model's key order; a weight the step never reads gets zeros.
+    return {path: grads[path] if path in grads else jax.tree.map(jnp.zeros_like, param.value)
+            for path, param in model.states(brainstate.ParamState).items()}, losses
 
 
 def online_fit(

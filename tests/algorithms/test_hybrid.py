@@ -1,0 +1,173 @@
+"""The hybrid plan (etrace_fit/algorithms/hybrid.py): a rule per traced weight, its
+report, per-weight overrides, and configuration errors.
+
+Rule of the module docstring: elementwise relations get D-RTRL; a dense or conv
+relation gets D-RTRL when its trace (``B·P·K·O·S``) is within 4x of the ES-D-RTRL trace
+(``B·P·(K + O·S)``), else ES-D-RTRL. The expected choices and byte counts below are
+computed from those formulas by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import brainstate
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+
+from ._helpers import (assert_grads_match, get_case, leaves_by_name, mse, rand, rel_err)
+
+BIG, BIG_BATCH = 256, 32
+
+
+@functools.lru_cache(maxsize=None)
+def big_model():
+    """Linear(256, 256) → LIF(256, learned tau) → Linear(256, 2), batch 32, float32."""
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(
+            L.Linear(BIG, BIG, w_init=rand(0, BIG, BIG, scale=1 / 16), b_init=np.zeros(BIG)),
+            L.LIF(BIG, tau=10.0, learn_tau=True),
+            L.Linear(BIG, 2, w_init=rand(1, BIG, 2, scale=1 / 16), b_init=np.zeros(2)),
+        )
+        brainstate.nn.init_all_states(model, batch_size=BIG_BATCH)
+    xs = jnp.zeros((2, BIG_BATCH, BIG), jnp.float32)
+    ys = jnp.zeros((2, BIG_BATCH, 2), jnp.float32)
+    return model, xs, ys
+
+
+def big_plan(algo="hybrid", **kwargs):
+    model, xs, ys = big_model()
+    with brainstate.environ.context(dt=1.0):
+        return ef.algorithms.plan_for(model, xs, ys, mse, algo=algo, **kwargs)[1]
+
+
+def rules_by_weight(plan):
+    return {".".join(map(str, pair.relation.weight_path)): rule.name for pair, rule in zip(plan.pairs, plan.rules)}
+
+
+def test_hybrid_on_a_big_dense_layer_and_a_learned_tau():
+    plan = big_plan()
+    assert rules_by_weight(plan) == {"layers.0.weight": "esd_rtrl", "layers.1.tau": "d_rtrl"}
+    assert {pair.kind for pair in plan.pairs} == {"dense", "elementwise"}
+    assert plan.rule_of("layers.0.weight") == ("esd_rtrl",)
+    assert plan.rule_of(("layers", 1, "tau")) == ("d_rtrl",)
+    assert plan.batch == BIG_BATCH and jnp.dtype(plan.trace_dtype) == jnp.float32
+    # B·(K + O·S)·4 for the dense pair (K = 256 + bias), B·O·4 for the tau pair (K = 1)
+    assert plan.trace_bytes() == (BIG_BATCH * (BIG + 1 + BIG) * 4, BIG_BATCH * 1 * BIG * 4)
+    # what D-RTRL would have cost for the dense weight: 128x more, hence ES-D-RTRL
+    d_rtrl = big_plan("d_rtrl")
+    assert d_rtrl.trace_bytes()[0] == BIG_BATCH * (BIG + 1) * BIG * 4
+
+
+def test_report_names_rules_and_trace_memory():
+    report = big_plan().report()
+    assert "layers.0.weight" in report and "layers.1.tau" in report
+    assert "esd_rtrl" in report and "d_rtrl" in report
+    assert "trace memory" in report
+    assert "64.1 KiB" in report  # 32·513·4 B, the dense pair
+    assert "32.0 KiB" in report  # 32·256·4 B, the tau pair
+    assert "total 96.1 KiB" in report
+    assert "batch 32" in report and "float32" in report
+    # the compile report comes first: the readout is listed as non-temporal
+    assert report.index("non-temporal") < report.index("online rules")
+    lines = [line for line in report.splitlines() if line.startswith("layers.0.weight") and "esd_rtrl" in line]
+    assert len(lines) == 1 and "64.1 KiB" in lines[0]
+
+
+def test_bfloat16_traces_halve_the_memory():
+    plan = big_plan(trace_dtype=jnp.bfloat16)
+    assert plan.trace_bytes() == tuple(n // 2 for n in big_plan().trace_bytes())
+    assert "bfloat16" in plan.report()
+
+
+@pytest.mark.parametrize("algo,expected", [
+    ({"layers.0.weight": "d_rtrl"}, {"layers.0.weight": "d_rtrl", "layers.1.tau": "d_rtrl"}),
+    ({"layers.1.*": "esd_rtrl"}, {"layers.0.weight": "esd_rtrl", "layers.1.tau": "esd_rtrl"}),
+    ({"layers.0.weight": "d_rtrl", "layers.1.tau": "esd_rtrl"}, {"layers.0.weight": "d_rtrl", "layers.1.tau": "esd_rtrl"}),
+    ({"*": "d_rtrl"}, {"layers.0.weight": "d_rtrl", "layers.1.tau": "d_rtrl"}),
+    ({"layers.2.weight": "esd_rtrl"}, {"layers.0.weight": "esd_rtrl", "layers.1.tau": "d_rtrl"}),  # readout: untraced
+])
+def test_dict_overrides_force_rules_per_weight(algo, expected):
+    assert rules_by_weight(big_plan(algo)) == expected
+
+
+@pytest.mark.parametrize("in_size,out_size,expected", [
+    (4, 8, "d_rtrl"),   # K=5:  5·8 = 40 ≤ 4·(5+8) = 52
+    (7, 8, "d_rtrl"),   # K=8:  64 = 4·16, the boundary is inclusive
+    (8, 8, "esd_rtrl"),  # K=9:  72 > 68
+    (1, 64, "d_rtrl"),  # K=2: 128 ≤ 264
+])
+def test_hybrid_threshold_is_four_times_the_esd_trace(in_size, out_size, expected):
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(in_size, out_size, w_init=rand(0, in_size, out_size), b_init=np.zeros(out_size)),
+                              L.LIF(out_size))
+        brainstate.nn.init_all_states(model, batch_size=2)
+        xs = jnp.zeros((3, 2, in_size))
+        _, plan = ef.algorithms.plan_for(model, xs, None, lambda out, _: out.sum())
+    assert [rule.name for rule in plan.rules] == [expected]
+
+
+def test_override_changes_the_gradient_of_that_weight_only():
+    """``{"layers.0.*": "esd_rtrl"}`` on LIF with a learned tau: the input weight gets
+    ES-D-RTRL's gradient, tau keeps D-RTRL's (exact), the readout is exact."""
+    case = get_case("lif_learn_tau", 64)
+    mixed = leaves_by_name(case.run({"layers.0.*": "esd_rtrl"})[0])
+    esd = leaves_by_name(case.run("esd_rtrl")[0])
+    d_rtrl = leaves_by_name(case.run("d_rtrl")[0])
+    for leaf in ("layers.0.weight['weight']", "layers.0.weight['bias']"):
+        assert rel_err(mixed[leaf], esd[leaf]) < 1e-12, leaf
+    assert rel_err(mixed["layers.0.weight['weight']"], d_rtrl["layers.0.weight['weight']"]) > 1e-2
+    assert_grads_match(case.run({"layers.0.*": "esd_rtrl"})[0], case.ref_grads, 1e-5,
+                       only=["layers.1.tau", "layers.2.weight"])
+
+
+@pytest.mark.parametrize("algo", ["rtrl", "D_RTRL", "", "e-prop"])
+def test_unknown_algo_lists_the_valid_ones(algo):
+    model, xs, ys = big_model()
+    with brainstate.environ.context(dt=1.0):
+        for call in (ef.sequence_grad, ef.algorithms.plan_for):
+            with pytest.raises(ef.ConfigError) as info:
+                call(model, xs, ys, mse, algo=algo)
+            message = str(info.value)
+            assert repr(algo) in message
+            for valid in ("d_rtrl", "esd_rtrl", "hybrid", "bptt"):
+                assert f"'{valid}'" in message
+
+
+def test_dict_pattern_matching_no_weight_is_an_error():
+    with pytest.raises(ef.ConfigError, match=r"layers\.9\.\*.*matches no weight") as info:
+        big_plan({"layers.9.*": "d_rtrl"})
+    assert "layers.0.weight" in str(info.value) and "layers.1.tau" in str(info.value)
+    # one bad pattern among good ones is still an error
+    with pytest.raises(ef.ConfigError, match="matches no weight"):
+        big_plan({"layers.0.weight": "d_rtrl", "layer.0.weight": "esd_rtrl"})
+
+
+@pytest.mark.parametrize("rule", ["bptt", "hybrid", "rtrl"])
+def test_dict_with_unknown_rule_is_an_error(rule):
+    with pytest.raises(ef.ConfigError, match="'d_rtrl', 'esd_rtrl'"):
+        big_plan({"layers.0.weight": rule})
+
+
+def test_plan_for_bptt_has_no_plan():
+    model, xs, ys = big_model()
+    with brainstate.environ.context(dt=1.0):
+        graph, plan = ef.algorithms.plan_for(model, xs, ys, mse, algo="bptt")
+    assert plan is None
+    assert isinstance(graph, ef.ETraceGraph)
+
+
+def test_make_plan_error_does_not_call_bptt_valid():
+    """``make_plan`` (public in ``etrace_fit.algorithms``) rejects ``'bptt'`` (BPTT has
+    no plan) but its message lists ``'bptt'`` among the valid values. FAILS at the time
+    of writing (hybrid.py, the ``else`` branch of ``make_plan``)."""
+    model, xs, ys = big_model()
+    with brainstate.environ.context(dt=1.0):
+        graph = ef.compile_graph(model, xs[0])
+    with pytest.raises(ef.ConfigError) as info:
+        ef.algorithms.make_plan(graph, "bptt", alpha=0.9, batch=BIG_BATCH)
+    assert "'bptt'" not in str(info.value).split("valid:")[1]
