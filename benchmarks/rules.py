@@ -49,7 +49,7 @@ def measure(model, rule: str, length: int, repeats: int) -> tuple[float, int]:
     rng = np.random.default_rng(1)
     xs = jnp.asarray(rng.random((length, B, I)) < 0.2, jnp.float32)
     ys = jnp.asarray(rng.normal(size=(length, B, O)), jnp.float32)
-    graph, plan, runner = _prepare(model, xs, ys, loss, rule, None, None, None)
+    graph, _, runner, _ = _prepare(model, xs, ys, loss, rule, None, None, None)
     module = graph.module
     weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
     states = module.state_leaves()
