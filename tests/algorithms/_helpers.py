@@ -11,6 +11,7 @@ compile once per shape, which would dominate the suite's runtime.
 
 from __future__ import annotations
 
+import _shared_reference as _reference
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -333,21 +334,10 @@ def get_case(name, precision):
 
 
 def randomize(module, seed, scale=1.0, bias_scale=0.3):
-    """Fresh random values for every dict-valued ParamState of ``module`` (Linear and
-    conv weights): ``W ~ N(0, scale²/fan_in)``, ``b ~ N(0, bias_scale²)``. Gates built
-    from one ``w_init`` array would otherwise start identical."""
-    rng = np.random.default_rng(seed)
-    for _, state in sorted(module.states(brainstate.ParamState).items()):
-        value = state.value
-        if not isinstance(value, dict):
-            continue
-        new = {}
-        for key in sorted(value):
-            leaf = value[key]
-            std = scale / np.sqrt(np.prod(leaf.shape[:-1])) if key == "weight" else bias_scale
-            new[key] = jnp.asarray(rng.standard_normal(leaf.shape) * std, dtype=leaf.dtype)
-        state.value = new
-    return module
+    """Fresh random weights (``tests/_shared_reference.py``): gates built from one
+    ``w_init`` array would otherwise start identical."""
+    return _reference.randomize(module, seed=seed, scale=scale, bias_scale=bias_scale)
+
 
 
 def zero_recurrent_rows(cell, in_size):

@@ -7,6 +7,7 @@ are written in plain ``jax.numpy`` and do not use the library's layers or surrog
 
 from __future__ import annotations
 
+import _shared_reference as _reference
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -24,24 +25,12 @@ def rand(seed, *shape, scale=1.0):
     return np.random.default_rng(seed).standard_normal(shape) * scale
 
 
-def triangle_d(v, width=1.0, scale=1.0):
-    """The triangle pseudo-derivative, written out independently of the library."""
-    return scale * jnp.maximum(0.0, 1.0 - jnp.abs(v) / width) / width
+triangle_d = _reference.triangle_d
 
 
 def make_spike(deriv=triangle_d):
     """Heaviside ``v > 0`` whose derivative is ``deriv(v)``."""
-
-    @jax.custom_jvp
-    def spike(v):
-        return (v > 0).astype(v.dtype)
-
-    @spike.defjvp
-    def _jvp(primals, tangents):
-        (v,), (dv,) = primals, tangents
-        return spike(v), deriv(v) * dv
-
-    return spike
+    return _reference.spike_function(deriv)
 
 
 SPIKE = make_spike()

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import _shared_reference as _reference
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -110,36 +113,12 @@ def check_grads_equal(actual, expected, rtol=1e-8, atol=1e-12):
 
 # Pseudo-derivatives with the defaults documented in surrogate.py, written out again
 # here (independently of the library) for the references.
-def _sigmoid_d(v, alpha=4.0, scale=1.0):
-    s = 1.0 / (1.0 + jnp.exp(-alpha * v))
-    return scale * alpha * s * (1.0 - s)
-
-
-def _triangle_d(v, width=1.0, scale=1.0):
-    return scale * jnp.where(jnp.abs(v) < width, (1.0 - jnp.abs(v) / width) / width, 0.0)
-
-
-def _fast_sigmoid_d(v, alpha=10.0, scale=1.0):
-    return scale / (1.0 + alpha * jnp.abs(v)) ** 2
-
-
-PSEUDO_DERIVATIVES = {"sigmoid": _sigmoid_d, "triangle": _triangle_d, "fast_sigmoid": _fast_sigmoid_d}
+PSEUDO_DERIVATIVES = _reference.PSEUDO_DERIVATIVES
 
 
 def make_spike(name, scale=1.0):
     """Heaviside ``v > 0`` with the pseudo-derivative of surrogate ``name`` times ``scale``."""
-    deriv = PSEUDO_DERIVATIVES[name]
-
-    @jax.custom_jvp
-    def spike(v):
-        return (v > 0).astype(v.dtype)
-
-    @spike.defjvp
-    def _jvp(primals, tangents):
-        (v,), (dv,) = primals, tangents
-        return spike(v), deriv(v, scale=scale) * dv
-
-    return spike
+    return _reference.spike_function(functools.partial(PSEUDO_DERIVATIVES[name], scale=scale))
 
 
 def run_loop(model, xs, batch_size, out=None):
@@ -156,20 +135,5 @@ def rand_np(seed, *shape, scale=1.0):
 
 
 def randomize(module, seed=0, bias_scale=0.5):
-    """Give every dict-valued ``ParamState`` of ``module`` (Linear/conv/readout weights)
-    fresh random values: weights ~ N(0, 1/fan_in), biases ~ N(0, bias_scale²)."""
-    rng = np.random.default_rng(seed)
-    for _, state in sorted(module.states(brainstate.ParamState).items()):
-        value = state.value
-        if not isinstance(value, dict):
-            continue
-        new = {}
-        for key in sorted(value):
-            leaf = value[key]
-            if key == "weight":
-                scale = 1.0 / np.sqrt(np.prod(leaf.shape[:-1]))
-            else:
-                scale = bias_scale
-            new[key] = jnp.asarray(rng.standard_normal(leaf.shape) * scale, dtype=leaf.dtype)
-        state.value = new
-    return module
+    """Fresh random weights (see ``tests/_shared_reference.py``)."""
+    return _reference.randomize(module, seed=seed, bias_scale=bias_scale)
