@@ -14,7 +14,6 @@ import argparse
 import time
 
 import brainstate
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

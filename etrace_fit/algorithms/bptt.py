@@ -13,7 +13,7 @@ from jax import lax
 
 from .. import _compat
 from ..compiler import ETraceGraph
-from .online import OnlineProgram, _weight_positions
+from .online import OnlineProgram
 
 __all__ = ["build_bptt"]
 
@@ -22,7 +22,7 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
     """A program with the online programs' signature that computes the exact gradient."""
     module = graph.module
     num_outputs = len(module.output_vars)
-    weight_positions = _weight_positions(module)
+    weight_positions = module.weight_leaf_positions
     step_fn = _compat.jaxpr_as_fun(module.closed_jaxpr)
 
     def run(weight_leaves, state_leaves, xs_leaves, targets):

@@ -44,15 +44,6 @@ class OnlineProgram:
     run_with_updates: Callable[..., Any] | None = None
 
 
-def _weight_positions(module) -> list[int]:
-    positions, cursor = [], 0
-    for state in module.states:
-        if state.kind == "weight":
-            positions.extend(range(cursor, cursor + len(state.in_vars)))
-        cursor += len(state.in_vars)
-    return positions
-
-
 def build_online(
     graph: ETraceGraph,
     pairs: tuple[TracedPair, ...],
@@ -65,16 +56,9 @@ def build_online(
     module = graph.module
     jaxpr, consts = module.closed_jaxpr.jaxpr, list(module.closed_jaxpr.consts)
     num_outputs = len(module.output_vars)
-    weight_positions = _weight_positions(module)
+    weight_positions = module.weight_leaf_positions
     hidden = module.hidden
     at_production, at_output = hidden_outputs(module)
-    leaf_index = {}
-    cursor = 0
-    for state in module.states:
-        for var in state.in_vars:
-            leaf_index[var] = cursor
-            cursor += 1
-    weight_vars = [v for s in module.weights for v in s.in_vars]
 
     # What to read off the forward pass for each pair: the op's x and y.
     eqns = module.jaxpr.eqns
@@ -119,11 +103,7 @@ def build_online(
     # every related op's output y an input and other trainable ops held constant.
     groups = [g for g in graph.hidden_groups if any(p.group.index == g.index for p in pairs)]
     relation_eqns = list(dict.fromkeys(p.relation.eqn_index for p in pairs))
-    state_position = {}
-    cursor = 0
-    for state in module.states:
-        state_position[state.path] = cursor
-        cursor += len(state.in_vars)
+    state_position = module.leaf_offsets
 
     def transition_derivatives(leaves, input_leaves, captured):
         h_prev = [jnp.stack([leaves[state_position[path]] for path in g.paths], axis=-1) for g in groups]

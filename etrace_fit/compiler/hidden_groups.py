@@ -136,19 +136,11 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
     return tuple(groups), tuple(diagnostics)
 
 
-def _leaf_positions(module: ModuleInfo) -> dict[tuple, int]:
-    positions, cursor = {}, 0
-    for state in module.states:
-        positions[state.path] = cursor
-        cursor += len(state.in_vars)
-    return positions
-
-
 def group_transition(module: ModuleInfo, group: HiddenGroup):
     """``f(h_prev, state_leaves, input_leaves) -> h_new``, both ``(*group.shape, S)``,
     with boundary ops held constant: the group's own transition."""
-    positions = _leaf_positions(module)
-    out_positions = {s.path: len(module.output_vars) + positions[s.path] for s in module.states}
+    positions = module.leaf_offsets
+    out_positions = {path: len(module.output_vars) + offset for path, offset in positions.items()}
 
     def transition(h_prev, state_leaves, input_leaves):
         leaves = list(state_leaves)
@@ -178,7 +170,7 @@ def group_jacobian(
     """The per-unit Jacobian ``D`` of shape ``(*group.shape, S, S)`` at the given values,
     by forward mode: one JVP per state of the group when states couple only per unit;
     otherwise the per-unit diagonal blocks of the full Jacobian (costly: ``jacfwd``)."""
-    positions = _leaf_positions(module)
+    positions = module.leaf_offsets
     transition = group_transition(module, group)
     h_prev = jnp.stack([state_leaves[positions[path]] for path in group.paths], axis=-1)
     if not group.elementwise:

@@ -90,6 +90,22 @@ class ModuleInfo:
                 return info
         raise KeyError(f"no state at path {format_path(path)}; known: {', '.join(s.name for s in self.states)}")
 
+    @property
+    def leaf_offsets(self) -> dict[tuple, int]:
+        """Position of each state's first leaf among all state leaves (the order of
+        :meth:`state_leaves`, of the step's state inputs and of its new-state outputs)."""
+        offsets, cursor = {}, 0
+        for info in self.states:
+            offsets[info.path] = cursor
+            cursor += len(info.in_vars)
+        return offsets
+
+    @property
+    def weight_leaf_positions(self) -> list[int]:
+        """Positions of the weights' leaves among all state leaves, in ``weights`` order."""
+        offsets = self.leaf_offsets
+        return [offsets[w.path] + n for w in self.weights for n in range(len(w.in_vars))]
+
     def state_leaves(self) -> list[Any]:
         """The current values of all states' leaves, in the jaxpr's input order."""
         return [leaf for info in self.states for leaf in jax.tree.leaves(info.state.value)]

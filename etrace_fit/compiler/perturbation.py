@@ -38,17 +38,13 @@ def hidden_outputs(module: ModuleInfo) -> tuple[dict[Any, tuple[int, ...]], dict
     before the other state's perturbation, so each state gets its own signal.
     """
     invars = set(module.jaxpr.invars)
-    output_position = {}
-    cursor = len(module.output_vars)
-    for state in module.states:
-        output_position[state.path] = cursor
-        cursor += len(state.out_vars)
+    num_outputs, offsets = len(module.output_vars), module.leaf_offsets
     at_production: dict[Any, tuple[int, ...]] = {}
     at_output: dict[int, tuple[int, Any]] = {}
     for k, state in enumerate(module.hidden):
         var = state.out_vars[0]
         if isinstance(var, _compat.Literal) or var in invars or var in at_production:
-            at_output[k] = (output_position[state.path], var)
+            at_output[k] = (num_outputs + offsets[state.path], var)
         else:
             at_production[var] = (k,)
     return at_production, at_output

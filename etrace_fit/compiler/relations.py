@@ -180,11 +180,7 @@ def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 
 
 def _transition_jaxpr(module: ModuleInfo, eqn_index: int, y_aval: Any, group: HiddenGroup):
-    out_positions = {}
-    cursor = len(module.output_vars)
-    for state in module.states:
-        out_positions[state.path] = cursor
-        cursor += len(state.out_vars)
+    out_positions = {path: len(module.output_vars) + offset for path, offset in module.leaf_offsets.items()}
     state_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for s in module.states for v in s.in_vars]
     input_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in module.input_vars]
 

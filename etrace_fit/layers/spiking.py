@@ -11,7 +11,6 @@ from typing import Any
 
 import brainstate
 import jax
-import jax.numpy as jnp
 
 from ..errors import ConfigError
 from ._base import check_trailing_shape, decay_of, make_state, time_constant
