@@ -1,0 +1,26 @@
+"""The README's main job trains online: accuracy clearly beats chance, as with BPTT."""
+
+import importlib.util
+import pathlib
+
+import brainstate
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def _main():
+    spec = importlib.util.spec_from_file_location("train_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["hybrid", "bptt"])
+def test_main_job_learns_the_task(algo):
+    try:
+        accuracy = _main()(["--algo", algo, "--epochs", "3", "--seed", "0"])
+    finally:
+        brainstate.environ.pop("dt")
+    assert accuracy > 0.8
