@@ -10,6 +10,7 @@ from .algorithms import online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
+from .training import History, Trainer
 
 __version__ = "0.1.0"
 
@@ -18,9 +19,11 @@ __all__ = [
     "CompilationError",
     "ConfigError",
     "ETraceGraph",
+    "History",
     "EtraceError",
     "Sequential",
     "ShapeError",
+    "Trainer",
     "__version__",
     "algorithms",
     "compile_graph",

@@ -54,6 +54,12 @@ def _check_batch_axis(model, xs_leaves) -> None:
             )
 
 
+def _same_states(model, graph) -> bool:
+    """Whether the compiled graph still refers to the model's current state objects."""
+    current = model.states()
+    return all(current.get(info.path) is info.state for info in graph.module.states)
+
+
 def _signature(tree: Any) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves)
@@ -92,6 +98,8 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
     example = jax.tree.map(lambda x: x[0], xs)
     key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), step_loss)
     entries = _CACHE.setdefault(model, {})
+    if key in entries and not _same_states(model, entries[key][0]):
+        entries.clear()  # init_all_states made new state objects: compile again
     if key not in entries:
         _check_batch_axis(model, xs_leaves)
         graph = compile_graph(model, *((example,) if not isinstance(example, tuple) else example))

@@ -35,7 +35,7 @@ class Batch:
 def check_finite(x: Any, name: str = "x") -> None:
     """Raise :class:`ShapeError` naming the first sample that holds NaN or inf."""
     values = np.asarray(x)
-    if not np.issubdtype(values.dtype, np.floating):
+    if not np.issubdtype(values.dtype, np.floating) or values.size == 0:
         return
     bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1) if values.ndim else ~np.isfinite(values)
     if np.any(bad):

@@ -1,0 +1,305 @@
+"""``Trainer``: Keras-style ``fit`` / ``evaluate`` / ``predict`` over online learning rules.
+
+Each training step is one ``sequence_grad`` call over a batch of sequences (one jitted
+scan, compiled once per input shape) followed by one jitted optax update. Data goes
+through :mod:`etrace_fit.training.data`; losses and metrics are per sample and placed
+on the last step, every step, or a mask (``loss_on``). Callbacks, checkpoints and the
+command-line demo build on this (issue 5).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Mapping, Sequence
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..algorithms import online_fit, sequence_grad
+from ..algorithms.sequence import ALGOS
+from ..errors import ConfigError, ShapeError
+from .data import Batch, batches, check_finite, split_validation
+from .losses import check_labels, cross_entropy, get_loss
+from .metrics import get_metrics
+
+__all__ = ["History", "Trainer"]
+
+LOSS_PLACEMENTS = ("last", "all", "mask")
+
+
+class History:
+    """Per-epoch logs, as in Keras: ``history.history["loss"]`` is a list, one per epoch."""
+
+    def __init__(self):
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+
+    def append(self, epoch: int, logs: Mapping[str, float]) -> None:
+        self.epoch.append(epoch)
+        for key, value in logs.items():
+            self.history.setdefault(key, []).append(float(value))
+
+
+class Trainer:
+    """Trains a ``brainstate`` model on sequences with an online rule (or BPTT).
+
+    Args:
+        model: a module whose one call is one time step (e.g. ``etrace_fit.Sequential``).
+        algo: ``"hybrid"`` (default), ``"d_rtrl"``, ``"esd_rtrl"``, ``"bptt"`` or a dict
+            ``{path pattern: rule}`` (see :func:`etrace_fit.sequence_grad`).
+        optimizer: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)``).
+        loss: ``"cross_entropy"`` (integer labels), ``"mse"``, or ``(output, target) -> (B,)``.
+        metrics: names (``"accuracy"``, ``"mse"``) or callables ``(output, target) -> (B,)``.
+        decay: ES-D-RTRL's smoothing factor α.
+        loss_on: ``"last"`` (the last step), ``"all"`` (every step, averaged) or
+            ``"mask"`` (the steps a per-batch mask marks, averaged per sequence).
+        time_major: whether arrays are ``(time, batch, ...)`` instead of ``(batch, time, ...)``.
+        seed: shuffling seed.
+        update_every: apply the optimizer every ``k`` time steps inside the sequence
+            (true online learning) instead of once per batch.
+        grad_clip: clip gradients to this global norm before the optimizer.
+
+    Example::
+
+        trainer = Trainer(model, algo="hybrid", optimizer=optax.adam(3e-3))
+        history = trainer.fit(x, y, batch_size=32, epochs=5, validation_split=0.2)
+        trainer.evaluate(x_test, y_test)
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        algo: str | Mapping[str, str] = "hybrid",
+        optimizer: Any = None,
+        loss: Any = "cross_entropy",
+        metrics: Sequence[Any] | None = ("accuracy",),
+        decay: float | None = None,
+        loss_on: str = "last",
+        time_major: bool = False,
+        seed: int = 0,
+        update_every: int | None = None,
+        grad_clip: float | None = None,
+    ):
+        if not isinstance(algo, Mapping) and algo not in ALGOS:
+            raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
+                              f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
+        if loss_on not in LOSS_PLACEMENTS:
+            raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
+        if update_every is not None and (not isinstance(update_every, int) or update_every < 1):
+            raise ConfigError(f"update_every must be a positive int or None, got {update_every!r}")
+        if update_every is not None and algo == "bptt":
+            raise ConfigError("update_every needs an online rule; BPTT sees the whole sequence first")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
+        self.model = model
+        self.algo, self.decay, self.loss_on = algo, decay, loss_on
+        self.time_major, self.seed, self.update_every = time_major, seed, update_every
+        self.loss_fn = get_loss(loss)
+        self.metric_fns = get_metrics(metrics)
+        optimizer = optax.adam(1e-3) if optimizer is None else optimizer
+        self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
+        self.opt_state = None
+        self.stop_training = False
+        self.history = History()
+        self._step_loss = self._make_step_loss()
+        self._apply = jax.jit(self._apply_updates)
+        self._forward = None
+
+    # ------------------------------------------------------------------ pieces
+    def _make_step_loss(self):
+        loss_fn = self.loss_fn
+
+        def step_loss(output, target):
+            y, weight = target
+            return jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
+
+        return step_loss
+
+    def _apply_updates(self, grads, opt_state, values):
+        updates, opt_state = self.optimizer.update(grads, opt_state, values)
+        return optax.apply_updates(values, updates), opt_state
+
+    def _params(self):
+        return self.model.states(brainstate.ParamState)
+
+    def _time_major(self, batch: Batch) -> tuple[jax.Array, Any, jax.Array]:
+        """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch."""
+        x = jnp.asarray(batch.x)
+        if x.ndim < 3:
+            raise ShapeError(f"x must be {'(time, batch, features)' if self.time_major else '(batch, time, features)'}"
+                             f" with at least 3 axes, got shape {tuple(x.shape)}")
+        xs = x if self.time_major else jnp.swapaxes(x, 0, 1)
+        steps, size = xs.shape[0], xs.shape[1]
+        if self.loss_on == "mask":
+            if batch.mask is None:
+                raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
+            mask = jnp.asarray(batch.mask, jnp.float32)
+            mask = mask if self.time_major else mask.T
+            if mask.shape != (steps, size):
+                raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
+            weight = mask / jnp.maximum(mask.sum(axis=0, keepdims=True), 1.0)
+        elif self.loss_on == "all":
+            weight = jnp.full((steps, size), 1.0 / steps)
+        else:
+            weight = jnp.zeros((steps, size)).at[-1].set(1.0)
+        y = None if batch.y is None else jnp.asarray(batch.y)
+        if y is None:
+            ys = jnp.zeros((steps, size))
+        elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if self.time_major else (size, steps)):
+            ys = y if self.time_major else jnp.swapaxes(y, 0, 1)  # per-step targets
+        else:
+            ys = jnp.broadcast_to(y, (steps, *y.shape))  # one target per sequence
+        return xs, ys, weight
+
+    def _outputs(self, xs: jax.Array) -> jax.Array:
+        """The model's outputs at every step, ``(T, B, ...)``, from reset states."""
+        if self._forward is None:
+            model = self.model
+
+            @brainstate.transform.jit
+            def forward(xs):
+                brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+                return brainstate.transform.for_loop(model, xs)
+
+            self._forward = forward
+        return self._forward(xs)
+
+    def _check_first(self, xs, ys) -> None:
+        """Errors before any training: the model's input size and the labels' range."""
+        if not self.model.states(brainstate.HiddenState):
+            brainstate.nn.init_all_states(self.model, batch_size=xs.shape[1])
+        out = self._outputs(xs[:1])
+        if self.loss_fn is cross_entropy:
+            check_labels(np.asarray(ys), int(out.shape[-1]))
+
+    def _logs(self, outputs, ys, weight, prefix: str = "") -> dict[str, float]:
+        logs = {}
+        for name, fn in self.metric_fns.items():
+            per_step = jax.vmap(fn)(outputs, ys)  # (T, B)
+            logs[prefix + name] = float(jnp.sum(weight * per_step) / weight.shape[1])
+        return logs
+
+    # ------------------------------------------------------------------ public
+    def fit(
+        self,
+        x: Any,
+        y: Any = None,
+        batch_size: int = 32,
+        epochs: int = 1,
+        validation_data: Any = None,
+        validation_split: float = 0.0,
+        shuffle: bool = True,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        verbose: int = 1,
+        drop_remainder: bool = False,
+    ) -> History:
+        """Train for ``epochs`` passes over the data; returns the :class:`History`.
+
+        Logs per epoch: ``loss``, each metric, and with validation data ``val_loss`` and
+        ``val_<metric>``. Bad data (empty, x and y of different lengths, NaN / inf,
+        labels out of range, a wrong feature size) raises before any update.
+        """
+        if not isinstance(epochs, int) or epochs < initial_epoch:
+            raise ConfigError(f"epochs must be an int >= initial_epoch ({initial_epoch}), got {epochs!r}")
+        if validation_split and validation_data is not None:
+            raise ConfigError("give validation_data or validation_split, not both")
+        is_array = hasattr(x, "shape")
+        if validation_split:
+            if not is_array:
+                raise ConfigError("validation_split needs array data; pass validation_data for iterables")
+            (x, y), validation_data = split_validation(x, y, validation_split)
+        if is_array:
+            check_finite(x)
+        if isinstance(validation_data, tuple) and len(validation_data) in (2, 3) and hasattr(validation_data[0], "shape"):
+            check_finite(validation_data[0], "validation x")
+        self.stop_training = False
+        params = self._params()
+        for epoch in range(initial_epoch, epochs):
+            start = time.perf_counter()
+            losses, sizes, metric_sums = [], [], {}
+            data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
+                           drop_remainder=drop_remainder)
+            for step, batch in enumerate(data):
+                if steps_per_epoch is not None and step >= steps_per_epoch:
+                    break
+                xs, ys, weight = self._time_major(batch)
+                if not is_array:
+                    check_finite(np.asarray(xs).swapaxes(0, 1), "x")
+                if epoch == initial_epoch and step == 0:
+                    self._check_first(xs, ys)
+                loss, logs = self._train_batch(params, xs, ys, weight)
+                losses.append(loss * xs.shape[1])
+                sizes.append(xs.shape[1])
+                for key, value in logs.items():
+                    metric_sums[key] = metric_sums.get(key, 0.0) + value * xs.shape[1]
+                if self.stop_training:
+                    break
+            total = sum(sizes)
+            epoch_logs = {"loss": sum(losses) / total, **{k: v / total for k, v in metric_sums.items()}}
+            if validation_data is not None:
+                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size).items()})
+            self.history.append(epoch, epoch_logs)
+            if verbose:
+                shown = "  ".join(f"{k} {v:.4f}" for k, v in epoch_logs.items())
+                print(f"epoch {epoch + 1}/{epochs}  {shown}  ({time.perf_counter() - start:.1f} s)")
+            if self.stop_training:
+                break
+        return self.history
+
+    def _train_batch(self, params, xs, ys, weight) -> tuple[float, dict[str, float]]:
+        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
+        values = params.to_dict_values()
+        logs = self._logs(self._outputs(xs), ys, weight) if self.metric_fns else {}
+        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("once", UserWarning)
+            if self.update_every is None:
+                if self.opt_state is None:
+                    self.opt_state = self.optimizer.init(values)
+                grads, losses = sequence_grad(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
+                                              decay=self.decay)
+                new_values, self.opt_state = self._apply(grads, self.opt_state, values)
+                for path, value in new_values.items():
+                    params[path].value = value
+            else:
+                self.opt_state, losses = online_fit(self.model, xs, (ys, weight), self._step_loss, self.optimizer,
+                                                    self.opt_state, update_every=self.update_every, algo=self.algo,
+                                                    decay=self.decay)
+        return float(losses.sum()), logs
+
+    def _evaluate(self, data: Any, batch_size: int) -> dict[str, float]:
+        if isinstance(data, tuple) and len(data) in (2, 3) and hasattr(data[0], "shape"):
+            x, y = data[0], data[1]
+        else:
+            x, y = data, None
+        totals: dict[str, float] = {}
+        count = 0
+        for batch in batches(x, y, batch_size=batch_size, shuffle=False):
+            xs, ys, weight = self._time_major(batch)
+            outputs = self._outputs(xs)
+            per_step = jax.vmap(self.loss_fn)(outputs, ys)
+            logs = {"loss": float(jnp.sum(weight * per_step) / weight.shape[1]), **self._logs(outputs, ys, weight)}
+            for key, value in logs.items():
+                totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
+            count += xs.shape[1]
+        return {key: value / count for key, value in totals.items()}
+
+    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32) -> dict[str, float]:
+        """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
+        return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size)
+
+    def predict(self, x: Any, batch_size: int = 32, last_only: bool = True) -> np.ndarray:
+        """Outputs for array data: ``(N, ...)`` at the last step, or every step
+        (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is)."""
+        check_finite(x)
+        outputs = []
+        for batch in batches(x, None, batch_size=batch_size, shuffle=False):
+            xs, _, _ = self._time_major(batch)
+            out = self._outputs(xs)
+            outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
+        return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)

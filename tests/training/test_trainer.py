@@ -1,0 +1,134 @@
+"""Trainer.fit / evaluate / predict on small tasks, and the errors raised before training."""
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import ConfigError, ShapeError
+
+C, H, T = 6, 16, 30
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        yield
+
+
+def _data(n=96, seed=0):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
+
+
+def _model(seed=0):
+    rng = np.random.default_rng(seed)
+    return ef.Sequential(
+        L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)),
+        L.LIF(H, tau=10.0),
+        L.LeakyRateReadout(H, 2, tau=10.0, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)),
+    )
+
+
+def _weights(model):
+    return jax.tree.map(np.asarray, model.states(brainstate.ParamState).to_dict_values())
+
+
+def test_fit_reduces_the_loss_and_history_has_per_epoch_keys():
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    history = trainer.fit(x, y, batch_size=32, epochs=4, validation_split=0.25, verbose=0)
+    assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert all(len(v) == 4 for v in history.history.values()) and history.epoch == [0, 1, 2, 3]
+    assert history.history["loss"][-1] < 0.7 * history.history["loss"][0]
+    assert history.history["val_accuracy"][-1] > 0.8
+    logs = trainer.evaluate(x, y)
+    assert set(logs) == {"loss", "accuracy"} and logs["accuracy"] > 0.8
+
+
+def test_predict_returns_last_step_or_every_step_outputs():
+    x, y = _data(10)
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert trainer.predict(x, batch_size=4).shape == (10, 2)
+    assert trainer.predict(x, batch_size=4, last_only=False).shape == (10, T, 2)
+
+
+def test_loss_on_all_with_per_step_targets_and_mse():
+    x, _ = _data(32)
+    targets = np.cumsum(x[..., :2], axis=1) * 0.1  # (N, T, 2): a running count per step
+    trainer = ef.Trainer(_model(), loss="mse", metrics=["mse"], loss_on="all", optimizer=optax.adam(1e-2))
+    history = trainer.fit(x, targets.astype(np.float32), batch_size=16, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    np.testing.assert_allclose(history.history["mse"], history.history["loss"], rtol=0.5)
+
+
+def test_loss_on_mask_uses_only_marked_steps():
+    x, y = _data(16)
+    mask = np.zeros((16, T), np.float32)
+    mask[:, -5:] = 1.0
+    trainer = ef.Trainer(_model(), loss_on="mask")
+    trainer.fit([(x, y, mask)], epochs=1, verbose=0)
+    with pytest.raises(ShapeError, match="needs \\(x, y, mask\\) batches"):
+        ef.Trainer(_model(), loss_on="mask").fit(x, y, epochs=1, verbose=0)
+
+
+def test_update_every_trains_online_inside_the_sequence():
+    x, y = _data(64)
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2), update_every=10)
+    history = trainer.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(algo="rtrl"), "'d_rtrl', 'esd_rtrl', 'hybrid', 'bptt'"),
+    (dict(loss="hinge"), "cross_entropy, mse"),
+    (dict(metrics=["f1"]), "accuracy, mse"),
+    (dict(loss_on="first"), "last, all, mask"),
+    (dict(update_every=0), "update_every"),
+])
+def test_unknown_names_are_config_errors_listing_the_valid_ones(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        ef.Trainer(_model(), **kwargs)
+
+
+@pytest.mark.parametrize("change, error, fragment", [
+    (lambda x, y: (x[..., :-1], y), ShapeError, "Linear\\(6, 16\\)"),
+    (lambda x, y: (x, y + 1), ShapeError, "labels must lie in \\[0, 2\\)"),
+    (lambda x, y: (x.at[3, 2, 1].set(np.nan) if hasattr(x, "at") else _nan(x), y), ShapeError, "NaN or inf"),
+    (lambda x, y: (x[:0], y[:0]), ShapeError, "empty"),
+    (lambda x, y: (x, y[:-1]), ShapeError, "different numbers of samples"),
+    (lambda x, y: (x[:, 0], y), ShapeError, "at least 3 axes"),
+])
+def test_bad_input_raises_before_any_update(change, error, fragment):
+    x, y = _data(16)
+    model = _model()
+    before = _weights(model)
+    trainer = ef.Trainer(model)
+    bad_x, bad_y = change(x, y)
+    with pytest.raises(error, match=fragment):
+        trainer.fit(bad_x, bad_y, batch_size=8, epochs=1, verbose=0)
+    jax.tree.map(np.testing.assert_array_equal, _weights(model), before)
+
+
+def _nan(x):
+    x = x.copy()
+    x[3, 2, 1] = np.nan
+    return x
+
+
+def test_sequence_grad_recompiles_after_states_are_recreated():
+    x, y = _data(8)
+    model = _model()
+    brainstate.nn.init_all_states(model, batch_size=8)
+    loss = lambda out, target: optax.softmax_cross_entropy_with_integer_labels(out, target).mean()  # noqa: E731
+    xs, ys = jnp.asarray(x.swapaxes(0, 1)), jnp.broadcast_to(jnp.asarray(y), (T, 8))
+    first, _ = ef.sequence_grad(model, xs, ys, loss)
+    brainstate.nn.init_all_states(model, batch_size=8)  # new HiddenState objects, zero values
+    again, _ = ef.sequence_grad(model, xs, ys, loss)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), first, again)
+    assert float(jnp.abs(model[1].V.value).sum()) > 0  # the new state objects were written
