@@ -3,8 +3,8 @@
 Each training step is one ``sequence_grad`` call over a batch of sequences (one jitted
 scan, compiled once per input shape) followed by one jitted optax update. Data goes
 through :mod:`etrace_fit.training.data`; losses and metrics are per sample and placed
-on the last step, every step, or a mask (``loss_on``). Callbacks, checkpoints and the
-command-line demo build on this (issue 5).
+on the last step, every step, or a mask (``loss_on``); callbacks get Keras' hooks.
+Checkpoints and the command-line demo build on this (issue 5).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import optax
 
 from ..algorithms import online_fit, sequence_grad
 from ..algorithms.sequence import ALGOS
+from ..callbacks import CallbackList
 from ..errors import ConfigError, ShapeError
 from .data import Batch, batches, check_finite, split_validation
 from .losses import check_labels, cross_entropy, get_loss
@@ -195,6 +196,7 @@ class Trainer:
         shuffle: bool = True,
         initial_epoch: int = 0,
         steps_per_epoch: int | None = None,
+        callbacks: Sequence[Any] | None = None,
         verbose: int = 1,
         drop_remainder: bool = False,
     ) -> History:
@@ -219,8 +221,11 @@ class Trainer:
             check_finite(validation_data[0], "validation x")
         self.stop_training = False
         params = self._params()
+        hooks = CallbackList(callbacks, trainer=self)
+        hooks.on_train_begin({})
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
+            hooks.on_epoch_begin(epoch, {})
             losses, sizes, metric_sums = [], [], {}
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
                            drop_remainder=drop_remainder)
@@ -232,7 +237,9 @@ class Trainer:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
                     self._check_first(xs, ys)
+                hooks.on_train_batch_begin(step, {"size": int(xs.shape[1])})
                 loss, logs = self._train_batch(params, xs, ys, weight)
+                hooks.on_train_batch_end(step, {"loss": loss, **logs})
                 losses.append(loss * xs.shape[1])
                 sizes.append(xs.shape[1])
                 for key, value in logs.items():
@@ -242,13 +249,15 @@ class Trainer:
             total = sum(sizes)
             epoch_logs = {"loss": sum(losses) / total, **{k: v / total for k, v in metric_sums.items()}}
             if validation_data is not None:
-                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size).items()})
+                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size, hooks).items()})
+            hooks.on_epoch_end(epoch, epoch_logs)
             self.history.append(epoch, epoch_logs)
             if verbose:
                 shown = "  ".join(f"{k} {v:.4f}" for k, v in epoch_logs.items())
                 print(f"epoch {epoch + 1}/{epochs}  {shown}  ({time.perf_counter() - start:.1f} s)")
             if self.stop_training:
                 break
+        hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
 
     def _train_batch(self, params, xs, ys, weight) -> tuple[float, dict[str, float]]:
@@ -272,14 +281,17 @@ class Trainer:
                                                     decay=self.decay)
         return float(losses.sum()), logs
 
-    def _evaluate(self, data: Any, batch_size: int) -> dict[str, float]:
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
+        hooks = hooks if hooks is not None else CallbackList()
         if isinstance(data, tuple) and len(data) in (2, 3) and hasattr(data[0], "shape"):
             x, y = data[0], data[1]
         else:
             x, y = data, None
         totals: dict[str, float] = {}
         count = 0
-        for batch in batches(x, y, batch_size=batch_size, shuffle=False):
+        hooks.on_test_begin({})
+        for step, batch in enumerate(batches(x, y, batch_size=batch_size, shuffle=False)):
+            hooks.on_test_batch_begin(step, {})
             xs, ys, weight = self._time_major(batch)
             outputs = self._outputs(xs)
             per_step = jax.vmap(self.loss_fn)(outputs, ys)
@@ -287,19 +299,39 @@ class Trainer:
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
-        return {key: value / count for key, value in totals.items()}
+            hooks.on_test_batch_end(step, logs)
+        result = {key: value / count for key, value in totals.items()}
+        hooks.on_test_end(result)
+        return result
 
-    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32) -> dict[str, float]:
+    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, callbacks: Sequence[Any] | None = None
+                 ) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
-        return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size)
+        return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
 
-    def predict(self, x: Any, batch_size: int = 32, last_only: bool = True) -> np.ndarray:
+    def get_weights(self) -> dict:
+        """A copy of every ParamState's value, keyed by path."""
+        return jax.tree.map(jnp.array, self._params().to_dict_values())
+
+    def set_weights(self, weights: Mapping) -> None:
+        """Put back values from :meth:`get_weights`."""
+        params = self._params()
+        for path, value in weights.items():
+            params[path].value = value
+
+    def predict(self, x: Any, batch_size: int = 32, last_only: bool = True,
+                callbacks: Sequence[Any] | None = None) -> np.ndarray:
         """Outputs for array data: ``(N, ...)`` at the last step, or every step
         (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is)."""
         check_finite(x)
+        hooks = CallbackList(callbacks, trainer=self)
+        hooks.on_predict_begin({})
         outputs = []
-        for batch in batches(x, None, batch_size=batch_size, shuffle=False):
+        for step, batch in enumerate(batches(x, None, batch_size=batch_size, shuffle=False)):
+            hooks.on_predict_batch_begin(step, {})
             xs, _, _ = self._time_major(batch)
             out = self._outputs(xs)
             outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
+            hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
+        hooks.on_predict_end({})
         return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)

@@ -1,0 +1,92 @@
+"""``Callback`` and ``CallbackList``: Keras' hook names and signatures.
+
+A callback sees the trainer's public surface only (``trainer.model``,
+``trainer.stop_training``, ``trainer.get_weights()`` / ``set_weights()``). ``logs`` is a
+plain dict (``loss``, metrics, ``val_*``). ``state_dict`` / ``load_state_dict`` let a
+resumed run restore a callback's progress.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["Callback", "CallbackList"]
+
+HOOKS = (
+    "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+    "on_train_batch_begin", "on_train_batch_end",
+    "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+    "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
+)
+
+
+class Callback:
+    """Base class: override the hooks you need; each receives a plain ``logs`` dict.
+
+    Example::
+
+        class PrintLoss(Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print(epoch, logs["loss"])
+    """
+
+    trainer: Any = None
+
+    def set_trainer(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, logs=None): ...
+    def on_train_end(self, logs=None): ...
+    def on_epoch_begin(self, epoch, logs=None): ...
+    def on_epoch_end(self, epoch, logs=None): ...
+    def on_train_batch_begin(self, batch, logs=None): ...
+    def on_train_batch_end(self, batch, logs=None): ...
+    def on_test_begin(self, logs=None): ...
+    def on_test_end(self, logs=None): ...
+    def on_test_batch_begin(self, batch, logs=None): ...
+    def on_test_batch_end(self, batch, logs=None): ...
+    def on_predict_begin(self, logs=None): ...
+    def on_predict_end(self, logs=None): ...
+    def on_predict_batch_begin(self, batch, logs=None): ...
+    def on_predict_batch_end(self, batch, logs=None): ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this callback (JSON-serialisable)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class CallbackList:
+    """Calls each hook on every callback, in order."""
+
+    def __init__(self, callbacks: Iterable[Callback] | None = None, trainer: Any = None):
+        self.callbacks = list(callbacks or [])
+        for callback in self.callbacks:
+            if not isinstance(callback, Callback):
+                raise TypeError(f"callbacks must be Callback instances, got {type(callback).__name__}")
+            if trainer is not None:
+                callback.set_trainer(trainer)
+
+    def __iter__(self):
+        return iter(self.callbacks)
+
+    def __getattr__(self, name: str):
+        if name not in HOOKS:
+            raise AttributeError(name)
+
+        def dispatch(*args, **kwargs):
+            for callback in self.callbacks:
+                getattr(callback, name)(*args, **kwargs)
+
+        return dispatch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, callback in enumerate(self.callbacks):
+            key = f"{i}:{type(callback).__name__}"
+            if key in state:
+                callback.load_state_dict(state[key])

@@ -1,0 +1,74 @@
+"""``EarlyStopping``: stop when a monitored value stops improving."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Callback
+
+__all__ = ["EarlyStopping"]
+
+
+class EarlyStopping(Callback):
+    """Stops training when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
+
+    Args:
+        monitor: the logged key to watch (``"val_loss"``, ``"val_accuracy"``, ...).
+        min_delta: the smallest change that counts as an improvement.
+        patience: epochs without improvement before stopping.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (``max`` for accuracy-like keys).
+        baseline: stop if the value does not beat this within ``patience`` epochs.
+        restore_best_weights: put the best epoch's weights back when stopping or at the end.
+
+    Example::
+
+        trainer.fit(x, y, validation_split=0.2, callbacks=[EarlyStopping("val_loss", patience=3)])
+    """
+
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
+                 baseline: float | None = None, restore_best_weights: bool = False):
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if mode == "auto":
+            mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
+        self.monitor, self.min_delta, self.patience, self.mode = monitor, abs(min_delta), patience, mode
+        self.baseline, self.restore_best_weights = baseline, restore_best_weights
+        self.best: float = math.inf if mode == "min" else -math.inf
+        self.wait, self.best_epoch, self.stopped_epoch = 0, -1, -1
+        self.best_weights: Any = None
+
+    def _improved(self, value: float, reference: float) -> bool:
+        return value < reference - self.min_delta if self.mode == "min" else value > reference + self.min_delta
+
+    def on_train_begin(self, logs=None):
+        if self.baseline is not None and self.best_epoch < 0:
+            self.best = self.baseline
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.monitor not in logs:
+            raise ConfigError(f"EarlyStopping: monitor {self.monitor!r} is not logged; logged keys: "
+                              f"{', '.join(sorted(logs))}")
+        value = float(logs[self.monitor])
+        if self._improved(value, self.best):
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+            if self.restore_best_weights:
+                self.best_weights = self.trainer.get_weights()
+            return
+        self.wait += 1
+        if self.wait >= max(self.patience, 1):
+            self.stopped_epoch = epoch
+            self.trainer.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.restore_best_weights and self.best_weights is not None:
+            self.trainer.set_weights(self.best_weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "best_epoch": self.best_epoch, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait = state["best"], state["wait"]
+        self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]

@@ -1,0 +1,153 @@
+"""Callback hooks and the built-in callbacks, with the real Trainer where it matters."""
+
+import csv
+import math
+
+import brainstate
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.callbacks import Callback, CallbackList, CSVLogger, EarlyStopping, LambdaCallback, TerminateOnNaN
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import ConfigError
+
+C, H, T = 4, 8, 12
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        yield
+
+
+def _trainer(**kwargs):
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
+                          L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
+    return ef.Trainer(model, optimizer=optax.adam(1e-2), **kwargs)
+
+
+def _data(n=24):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.4, seed=0)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            calls = object.__getattribute__(self, "calls")
+            return lambda *args, **kwargs: calls.append((name, args[0] if args and not isinstance(args[0], dict) else None))
+        return object.__getattribute__(self, name)
+
+
+def test_a_user_subclass_sees_the_hooks_in_order():
+    x, y = _data(24)
+    recorder = Recorder()
+    trainer = _trainer()
+    trainer.fit(x[:16], y[:16], batch_size=8, epochs=2, validation_data=(x[16:], y[16:]), callbacks=[recorder],
+                verbose=0)
+    epoch = [("on_epoch_begin", 0), ("on_train_batch_begin", 0), ("on_train_batch_end", 0),
+             ("on_train_batch_begin", 1), ("on_train_batch_end", 1), ("on_test_begin", None),
+             ("on_test_batch_begin", 0), ("on_test_batch_end", 0), ("on_test_end", None), ("on_epoch_end", 0)]
+    second = [(name, 1 if arg == 0 and name.startswith("on_epoch") else arg) for name, arg in epoch]
+    assert recorder.calls == [("on_train_begin", None), *epoch, *second, ("on_train_end", None)]
+    recorder.calls.clear()
+    trainer.predict(x[:8], batch_size=8, callbacks=[recorder])
+    assert [c[0] for c in recorder.calls] == ["on_predict_begin", "on_predict_batch_begin", "on_predict_batch_end",
+                                              "on_predict_end"]
+
+
+class FakeTrainer:
+    def __init__(self):
+        self.stop_training = False
+        self.weights = 0
+
+    def get_weights(self):
+        return self.weights
+
+    def set_weights(self, weights):
+        self.weights = weights
+
+
+def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
+    fake = FakeTrainer()
+    stopper = EarlyStopping("val_loss", patience=2, restore_best_weights=True)
+    stopper.set_trainer(fake)
+    stopper.on_train_begin()
+    for epoch, value in enumerate([3.0, 2.0, 2.5, 2.6, 2.7]):
+        fake.weights = epoch  # the weights "after" this epoch
+        stopper.on_epoch_end(epoch, {"val_loss": value})
+        if fake.stop_training:
+            break
+    assert epoch == 3 and stopper.stopped_epoch == 3 and stopper.best_epoch == 1
+    stopper.on_train_end()
+    assert fake.weights == 1
+
+
+def test_early_stopping_mode_min_delta_and_missing_monitor():
+    stopper = EarlyStopping("val_accuracy", min_delta=0.05, patience=0)
+    assert stopper.mode == "max"
+    fake = FakeTrainer()
+    stopper.set_trainer(fake)
+    stopper.on_epoch_end(0, {"val_accuracy": 0.5})
+    stopper.on_epoch_end(1, {"val_accuracy": 0.52})  # within min_delta: no improvement
+    assert fake.stop_training
+    with pytest.raises(ConfigError, match="logged keys: loss"):
+        EarlyStopping("val_loss").on_epoch_end(0, {"loss": 1.0})
+    with pytest.raises(ConfigError, match="mode"):
+        EarlyStopping(mode="up")
+
+
+def test_early_stopping_with_the_trainer_restores_the_best_epochs_weights():
+    x, y = _data(16)
+    trainer = _trainer()
+    snapshots = []
+    keep = LambdaCallback(on_epoch_end=lambda epoch, logs: snapshots.append((logs["loss"], trainer.get_weights())))
+    # An impossible min_delta: no epoch after the first counts as better.
+    stopper = EarlyStopping("loss", min_delta=1e9, patience=1, restore_best_weights=True)
+    history = trainer.fit(x, y, batch_size=8, epochs=6, callbacks=[keep, stopper], verbose=0)
+    assert len(history.history["loss"]) == 2  # stopped after one epoch without improvement
+    best = snapshots[0][1]
+    for path, value in trainer.get_weights().items():
+        for a, b in zip(np.asarray(value["weight"] if isinstance(value, dict) else value).ravel(),
+                        np.asarray(best[path]["weight"] if isinstance(value, dict) else best[path]).ravel()):
+            assert a == b
+
+
+def test_csv_logger_writes_one_row_per_epoch_with_the_logged_keys(tmp_path):
+    x, y = _data(16)
+    path = tmp_path / "log.csv"
+    history = _trainer().fit(x, y, batch_size=8, epochs=3, validation_split=0.25, callbacks=[CSVLogger(path)],
+                             verbose=0)
+    rows = list(csv.DictReader(path.open()))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2]
+    assert set(rows[0]) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy"}
+    np.testing.assert_allclose([float(r["loss"]) for r in rows], history.history["loss"], rtol=1e-6)
+
+
+def test_terminate_on_nan_stops_training():
+    fake = FakeTrainer()
+    callback = TerminateOnNaN()
+    callback.set_trainer(fake)
+    callback.on_train_batch_end(0, {"loss": 1.0})
+    assert not fake.stop_training
+    callback.on_train_batch_end(1, {"loss": math.nan})
+    assert fake.stop_training
+
+
+def test_lambda_callback_rejects_unknown_hooks_and_callback_list_round_trips_state():
+    with pytest.raises(ValueError, match="on_epoch_finish"):
+        LambdaCallback(on_epoch_finish=print)
+    stopper = EarlyStopping(patience=3)
+    stopper.best, stopper.wait = 0.25, 2
+    state = CallbackList([LambdaCallback(), stopper]).state_dict()
+    fresh = EarlyStopping(patience=3)
+    CallbackList([LambdaCallback(), fresh]).load_state_dict(state)
+    assert (fresh.best, fresh.wait) == (0.25, 2)
+    with pytest.raises(TypeError, match="Callback instances"):
+        CallbackList([print])
