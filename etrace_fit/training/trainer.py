@@ -22,6 +22,8 @@ import optax
 from ..algorithms import online_fit, sequence_grad
 from ..algorithms.sequence import ALGOS
 from ..callbacks import CallbackList
+from ..compiler import format_path
+from . import checkpoint
 from ..errors import ConfigError, ShapeError
 from .data import Batch, batches, check_finite, split_validation
 from .losses import check_labels, cross_entropy, get_loss
@@ -97,6 +99,13 @@ class Trainer:
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
         self.model = model
+        self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
+                           metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
+                           time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip)
+        self.epoch = -1  # the last finished epoch
+        self._callbacks = CallbackList()
+        # A callback (BackupAndRestore) may set this in on_train_begin: fit starts there.
+        self.resume_epoch: int | None = None
         self.algo, self.decay, self.loss_on = algo, decay, loss_on
         self.time_major, self.seed, self.update_every = time_major, seed, update_every
         self.loss_fn = get_loss(loss)
@@ -222,7 +231,11 @@ class Trainer:
         self.stop_training = False
         params = self._params()
         hooks = CallbackList(callbacks, trainer=self)
+        self._callbacks = hooks
+        self.resume_epoch = None
         hooks.on_train_begin({})
+        if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
+            initial_epoch = max(initial_epoch, self.resume_epoch)
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
             hooks.on_epoch_begin(epoch, {})
@@ -250,8 +263,9 @@ class Trainer:
             epoch_logs = {"loss": sum(losses) / total, **{k: v / total for k, v in metric_sums.items()}}
             if validation_data is not None:
                 epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size, hooks).items()})
-            hooks.on_epoch_end(epoch, epoch_logs)
             self.history.append(epoch, epoch_logs)
+            self.epoch = epoch
+            hooks.on_epoch_end(epoch, epoch_logs)
             if verbose:
                 shown = "  ".join(f"{k} {v:.4f}" for k, v in epoch_logs.items())
                 print(f"epoch {epoch + 1}/{epochs}  {shown}  ({time.perf_counter() - start:.1f} s)")
@@ -262,7 +276,7 @@ class Trainer:
 
     def _train_batch(self, params, xs, ys, weight) -> tuple[float, dict[str, float]]:
         brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
-        values = params.to_dict_values()
+        values = {format_path(path): state.value for path, state in params.items()}
         logs = self._logs(self._outputs(xs), ys, weight) if self.metric_fns else {}
         brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
         with warnings.catch_warnings():
@@ -272,9 +286,10 @@ class Trainer:
                     self.opt_state = self.optimizer.init(values)
                 grads, losses = sequence_grad(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
                                               decay=self.decay)
+                grads = {format_path(path): grad for path, grad in grads.items()}
                 new_values, self.opt_state = self._apply(grads, self.opt_state, values)
-                for path, value in new_values.items():
-                    params[path].value = value
+                for path, state in params.items():
+                    state.value = new_values[format_path(path)]
             else:
                 self.opt_state, losses = online_fit(self.model, xs, (ys, weight), self._step_loss, self.optimizer,
                                                     self.opt_state, update_every=self.update_every, algo=self.algo,
@@ -308,6 +323,55 @@ class Trainer:
                  ) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
         return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
+
+    # -------------------------------------------------------------- checkpoints
+    def _fingerprint(self) -> list:
+        return checkpoint.fingerprint(self._params().to_dict_values())
+
+    def save(self, path: Any) -> None:
+        """Write weights, optimizer state, epoch, history and callback state to ``path``
+        (atomically; see :mod:`etrace_fit.training.checkpoint`)."""
+        state = {"params": {format_path(p): s.value for p, s in self._params().items()},
+                 "opt_state": self.opt_state if self.opt_state is not None else {}}
+        extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
+                 "callbacks": self._callbacks.state_dict(), "config": self.config,
+                 "has_opt_state": self.opt_state is not None}
+        checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
+
+    def restore(self, path: Any) -> dict:
+        """Load a checkpoint written by :meth:`save` into this trainer and its model;
+        returns the manifest. :class:`CheckpointError` if it does not fit the model."""
+        manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        for path_, param in self._params().items():
+            param.value = jax.tree.unflatten(jax.tree.structure(param.value),
+                                             [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(path_)])])
+        if manifest.get("has_opt_state"):
+            if self.update_every is None:
+                target = self.optimizer.init({format_path(p): s.value for p, s in self._params().items()})
+            else:
+                target = self.optimizer.init([leaf for s in self._params().values() for leaf in jax.tree.leaves(s.value)])
+            from flax import serialization
+
+            self.opt_state = jax.tree.map(jnp.asarray, serialization.from_state_dict(target, state["opt_state"]))
+        self.history = History()
+        for epoch in manifest["history_epochs"]:
+            self.history.epoch.append(epoch)
+        self.history.history = {k: list(v) for k, v in manifest["history"].items()}
+        self.epoch = manifest["epoch"]
+        self._callbacks.load_state_dict(manifest.get("callbacks", {}))
+        return manifest
+
+    @classmethod
+    def load(cls, path: Any, model: Any, optimizer: Any = None, **overrides: Any) -> "Trainer":
+        """A trainer for ``model`` with the configuration, weights, optimizer state and
+        history saved at ``path``. The optimizer itself is code, not data: pass the same
+        one (default ``optax.adam(1e-3)``)."""
+        manifest, _ = checkpoint.read_checkpoint(path)
+        config = {k: v for k, v in manifest["config"].items() if v is not None or k in ("decay", "update_every", "grad_clip")}
+        config.update(overrides)
+        trainer = cls(model, optimizer=optimizer, **config)
+        trainer.restore(path)
+        return trainer
 
     def get_weights(self) -> dict:
         """A copy of every ParamState's value, keyed by path."""
