@@ -1,7 +1,6 @@
 """Checkpoint files and Trainer.save / load; exact resume after SIGKILL (slow)."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
