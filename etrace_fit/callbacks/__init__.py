@@ -5,8 +5,10 @@ from .base import Callback, CallbackList
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .lambda_callback import LambdaCallback
+from .learning_rate_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
+from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .terminate_on_nan import TerminateOnNaN
 
 __all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "LambdaCallback",
-           "ModelCheckpoint", "TerminateOnNaN"]
+           "LearningRateScheduler", "ModelCheckpoint", "ReduceLROnPlateau", "TerminateOnNaN"]

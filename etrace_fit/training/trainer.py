@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..algorithms import online_fit, sequence_grad
+from ..algorithms import online_fit, plan_for, sequence_grad
 from ..algorithms.sequence import ALGOS
 from ..callbacks import CallbackList
 from ..compiler import format_path
@@ -113,6 +113,7 @@ class Trainer:
         optimizer = optax.adam(1e-3) if optimizer is None else optimizer
         self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
         self.opt_state = None
+        self._pending_learning_rate: float | None = None
         self.stop_training = False
         self.history = History()
         self._step_loss = self._make_step_loss()
@@ -230,6 +231,8 @@ class Trainer:
             check_finite(validation_data[0], "validation x")
         self.stop_training = False
         params = self._params()
+        if self.opt_state is None and self.update_every is None:
+            self._init_optimizer({format_path(path): state.value for path, state in params.items()})
         hooks = CallbackList(callbacks, trainer=self)
         self._callbacks = hooks
         self.resume_epoch = None
@@ -261,6 +264,8 @@ class Trainer:
                     break
             total = sum(sizes)
             epoch_logs = {"loss": sum(losses) / total, **{k: v / total for k, v in metric_sums.items()}}
+            if self.learning_rate is not None:
+                epoch_logs["learning_rate"] = self.learning_rate
             if validation_data is not None:
                 epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size, hooks).items()})
             self.history.append(epoch, epoch_logs)
@@ -283,7 +288,7 @@ class Trainer:
             warnings.simplefilter("once", UserWarning)
             if self.update_every is None:
                 if self.opt_state is None:
-                    self.opt_state = self.optimizer.init(values)
+                    self._init_optimizer(values)
                 grads, losses = sequence_grad(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
                                               decay=self.decay)
                 grads = {format_path(path): grad for path, grad in grads.items()}
@@ -291,6 +296,9 @@ class Trainer:
                 for path, state in params.items():
                     state.value = new_values[format_path(path)]
             else:
+                if self.opt_state is None:  # online_fit's layout: the compiled step's weight leaves
+                    graph, _ = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo, decay=self.decay)
+                    self._init_optimizer([leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)])
                 self.opt_state, losses = online_fit(self.model, xs, (ys, weight), self._step_loss, self.optimizer,
                                                     self.opt_state, update_every=self.update_every, algo=self.algo,
                                                     decay=self.decay)
@@ -323,6 +331,49 @@ class Trainer:
                  ) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
         return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
+
+    # ----------------------------------------------------------- learning rate
+    def _init_optimizer(self, values: Any) -> None:
+        """Create the optimizer state over ``values`` and apply a learning rate set
+        before it existed."""
+        self.opt_state = self.optimizer.init(values)
+        if self._pending_learning_rate is not None:
+            self.learning_rate, self._pending_learning_rate = self._pending_learning_rate, None
+
+    def _hyperparams(self) -> dict | None:
+        found = []
+
+        def visit(node):
+            if hasattr(node, "hyperparams") and isinstance(node.hyperparams, dict):
+                found.append(node.hyperparams)
+            elif isinstance(node, (tuple, list)):
+                for child in node:
+                    visit(child)
+
+        visit(self.opt_state)
+        return found[0] if found else None
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The optimizer's current learning rate, when it was built with
+        ``optax.inject_hyperparams`` (else None)."""
+        if self.opt_state is None:
+            return self._pending_learning_rate
+        hyperparams = self._hyperparams()
+        if hyperparams is None or "learning_rate" not in hyperparams:
+            return None
+        return float(hyperparams["learning_rate"])
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if self.opt_state is None:
+            self._pending_learning_rate = float(value)
+            return
+        hyperparams = self._hyperparams()
+        if hyperparams is None or "learning_rate" not in hyperparams:
+            raise ConfigError("the learning rate can only be changed for an optimizer built with "
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)")
+        hyperparams["learning_rate"] = jnp.asarray(value, jnp.asarray(hyperparams["learning_rate"]).dtype)
 
     # -------------------------------------------------------------- checkpoints
     def _fingerprint(self) -> list:

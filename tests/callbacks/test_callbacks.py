@@ -151,3 +151,50 @@ def test_lambda_callback_rejects_unknown_hooks_and_callback_list_round_trips_sta
     assert (fresh.best, fresh.wait) == (0.25, 2)
     with pytest.raises(TypeError, match="Callback instances"):
         CallbackList([print])
+
+
+def test_learning_rate_scheduler_changes_the_rate_optax_uses_and_logs_it():
+    import jax
+
+    from etrace_fit.callbacks import LearningRateScheduler
+
+    x, y = _data(16)
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
+                          L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
+    trainer = ef.Trainer(model, optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
+    snapshots = []
+    keep = LambdaCallback(on_epoch_end=lambda epoch, logs: snapshots.append(trainer.get_weights()))
+    rates = {0: 0.1, 1: 0.0, 2: 0.05}
+    history = trainer.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                          callbacks=[LearningRateScheduler(lambda epoch, lr: rates[epoch]), keep])
+    assert history.history["learning_rate"] == pytest.approx([0.1, 0.0, 0.05])
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), snapshots[0], snapshots[1])
+    changed = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), snapshots[1], snapshots[2])
+    assert all(jax.tree.leaves(same))  # learning rate 0: optax really used it
+    assert not all(jax.tree.leaves(changed))
+
+
+def test_reduce_lr_on_plateau_lowers_the_rate_after_patience():
+    from etrace_fit.callbacks import ReduceLROnPlateau
+
+    class Fake(FakeTrainer):
+        learning_rate = 1.0
+
+    fake = Fake()
+    callback = ReduceLROnPlateau("val_loss", factor=0.5, patience=2, min_lr=0.3)
+    callback.set_trainer(fake)
+    for epoch, value in enumerate([1.0, 1.0, 1.0, 1.0, 1.0, 1.0]):
+        callback.on_epoch_end(epoch, {"val_loss": value})
+    assert fake.learning_rate == 0.3  # 1.0 -> 0.5 -> 0.3 (floor)
+    with pytest.raises(ConfigError, match="factor"):
+        ReduceLROnPlateau(factor=1.5)
+
+
+def test_changing_the_rate_of_a_plain_optimizer_is_a_config_error():
+    x, y = _data(8)
+    trainer = _trainer()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert trainer.learning_rate is None
+    with pytest.raises(ConfigError, match="inject_hyperparams"):
+        trainer.learning_rate = 0.1

@@ -1,0 +1,31 @@
+"""``LearningRateScheduler``: set the learning rate at the start of every epoch."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import Callback
+
+__all__ = ["LearningRateScheduler"]
+
+
+class LearningRateScheduler(Callback):
+    """Sets ``trainer.learning_rate = schedule(epoch, current)`` before each epoch.
+
+    The optimizer must be built with ``optax.inject_hyperparams`` so its learning rate is
+    state, not a constant; the value then shows in ``logs["learning_rate"]``.
+
+    Example::
+
+        trainer = Trainer(model, optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3))
+        trainer.fit(x, y, callbacks=[LearningRateScheduler(lambda epoch, lr: lr * 0.9)])
+    """
+
+    def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
+        self.schedule, self.verbose = schedule, verbose
+
+    def on_epoch_begin(self, epoch, logs=None):
+        value = float(self.schedule(epoch, self.trainer.learning_rate))
+        self.trainer.learning_rate = value
+        if self.verbose:
+            print(f"LearningRateScheduler: epoch {epoch + 1} learning rate {value:.6g}")

@@ -1,0 +1,70 @@
+"""``ReduceLROnPlateau``: lower the learning rate when a monitored value stalls."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Callback
+
+__all__ = ["ReduceLROnPlateau"]
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiplies the learning rate by ``factor`` after ``patience`` epochs without improvement.
+
+    Args:
+        monitor: the logged key to watch; mode: ``"min"``, ``"max"`` or ``"auto"``.
+        factor: in (0, 1); patience: epochs to wait; min_delta: the smallest improvement;
+        cooldown: epochs to wait after a reduction; min_lr: the floor.
+
+    The optimizer must be built with ``optax.inject_hyperparams``.
+
+    Example::
+
+        ReduceLROnPlateau("val_loss", factor=0.5, patience=2, min_lr=1e-5)
+    """
+
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
+                 min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0):
+        if not 0.0 < factor < 1.0:
+            raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"ReduceLROnPlateau: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if mode == "auto":
+            mode = "max" if "acc" in monitor else "min"
+        self.monitor, self.factor, self.patience, self.mode = monitor, factor, patience, mode
+        self.min_delta, self.cooldown, self.min_lr = abs(min_delta), cooldown, min_lr
+        self.best = math.inf if mode == "min" else -math.inf
+        self.wait = self.cooldown_left = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.monitor not in logs:
+            raise ConfigError(f"ReduceLROnPlateau: monitor {self.monitor!r} is not logged; logged keys: "
+                              f"{', '.join(sorted(logs))}")
+        value = float(logs[self.monitor])
+        improved = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+        if self.cooldown_left > 0:
+            self.cooldown_left -= 1
+            self.wait = 0
+        if improved:
+            self.best, self.wait = value, 0
+            return
+        if self.cooldown_left > 0:
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            current = self.trainer.learning_rate
+            if current is None:
+                raise ConfigError("ReduceLROnPlateau needs an optimizer built with optax.inject_hyperparams")
+            if current > self.min_lr:
+                self.trainer.learning_rate = max(current * self.factor, self.min_lr)
+            self.wait, self.cooldown_left = 0, self.cooldown
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "cooldown_left": self.cooldown_left}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait, self.cooldown_left = state["best"], state["wait"], state["cooldown_left"]
