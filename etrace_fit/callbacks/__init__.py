@@ -7,8 +7,9 @@ from .early_stopping import EarlyStopping
 from .lambda_callback import LambdaCallback
 from .learning_rate_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
+from .progress_bar import ProgressBar
 from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .terminate_on_nan import TerminateOnNaN
 
 __all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "LambdaCallback",
-           "LearningRateScheduler", "ModelCheckpoint", "ReduceLROnPlateau", "TerminateOnNaN"]
+           "LearningRateScheduler", "ModelCheckpoint", "ProgressBar", "ReduceLROnPlateau", "TerminateOnNaN"]

@@ -21,7 +21,7 @@ import optax
 
 from ..algorithms import online_fit, plan_for, sequence_grad
 from ..algorithms.sequence import ALGOS
-from ..callbacks import CallbackList
+from ..callbacks import CallbackList, ProgressBar
 from ..compiler import format_path
 from . import checkpoint
 from ..errors import ConfigError, ShapeError
@@ -212,6 +212,9 @@ class Trainer:
     ) -> History:
         """Train for ``epochs`` passes over the data; returns the :class:`History`.
 
+        ``verbose``: 0 silent, 1 a progress bar per epoch (``callbacks.ProgressBar``),
+        2 one line per epoch.
+
         Logs per epoch: ``loss``, each metric, and with validation data ``val_loss`` and
         ``val_<metric>``. Bad data (empty, x and y of different lengths, NaN / inf,
         labels out of range, a wrong feature size) raises before any update.
@@ -233,6 +236,15 @@ class Trainer:
         params = self._params()
         if self.opt_state is None and self.update_every is None:
             self._init_optimizer({format_path(path): state.value for path, state in params.items()})
+        callbacks = list(callbacks or [])
+        if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
+            total = None
+            if is_array:
+                size = np.shape(x)[0]
+                total = size // batch_size if drop_remainder else -(-size // batch_size)
+                total = total if steps_per_epoch is None else min(total, steps_per_epoch)
+            callbacks.append(ProgressBar(total=total))
+        self.epochs = epochs
         hooks = CallbackList(callbacks, trainer=self)
         self._callbacks = hooks
         self.resume_epoch = None
@@ -253,7 +265,7 @@ class Trainer:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
                     self._check_first(xs, ys)
-                hooks.on_train_batch_begin(step, {"size": int(xs.shape[1])})
+                hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
                 loss, logs = self._train_batch(params, xs, ys, weight)
                 hooks.on_train_batch_end(step, {"loss": loss, **logs})
                 losses.append(loss * xs.shape[1])
@@ -271,7 +283,7 @@ class Trainer:
             self.history.append(epoch, epoch_logs)
             self.epoch = epoch
             hooks.on_epoch_end(epoch, epoch_logs)
-            if verbose:
+            if verbose == 2:
                 shown = "  ".join(f"{k} {v:.4f}" for k, v in epoch_logs.items())
                 print(f"epoch {epoch + 1}/{epochs}  {shown}  ({time.perf_counter() - start:.1f} s)")
             if self.stop_training:

@@ -198,3 +198,12 @@ def test_changing_the_rate_of_a_plain_optimizer_is_a_config_error():
     assert trainer.learning_rate is None
     with pytest.raises(ConfigError, match="inject_hyperparams"):
         trainer.learning_rate = 0.1
+
+
+def test_progress_bar_shows_loss_and_throughput(capsys):
+    x, y = _data(16)
+    _trainer().fit(x, y, batch_size=8, epochs=1, verbose=1)
+    err = capsys.readouterr().err
+    assert "epoch 1/1" in err and "2/2" in err
+    for key in ("loss=", "accuracy=", "seq/s=", "steps/s="):
+        assert key in err
