@@ -9,7 +9,8 @@ from .learning_rate_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
 from .progress_bar import ProgressBar
 from .reduce_lr_on_plateau import ReduceLROnPlateau
+from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
 
 __all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "LambdaCallback",
-           "LearningRateScheduler", "ModelCheckpoint", "ProgressBar", "ReduceLROnPlateau", "TerminateOnNaN"]
+           "LearningRateScheduler", "ModelCheckpoint", "ProgressBar", "ReduceLROnPlateau", "TensorBoard", "TerminateOnNaN"]

@@ -113,6 +113,7 @@ class Trainer:
         optimizer = optax.adam(1e-3) if optimizer is None else optimizer
         self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
         self.opt_state = None
+        self._plan = None  # (graph, plan) of the first training batch, for report()
         self._pending_learning_rate: float | None = None
         self.stop_training = False
         self.history = History()
@@ -301,6 +302,9 @@ class Trainer:
             if self.update_every is None:
                 if self.opt_state is None:
                     self._init_optimizer(values)
+                if self._plan is None:
+                    self._plan = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
+                                          decay=self.decay)
                 grads, losses = sequence_grad(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
                                               decay=self.decay)
                 grads = {format_path(path): grad for path, grad in grads.items()}
@@ -308,8 +312,11 @@ class Trainer:
                 for path, state in params.items():
                     state.value = new_values[format_path(path)]
             else:
+                if self._plan is None:
+                    self._plan = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
+                                          decay=self.decay)
                 if self.opt_state is None:  # online_fit's layout: the compiled step's weight leaves
-                    graph, _ = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo, decay=self.decay)
+                    graph = self._plan[0]
                     self._init_optimizer([leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)])
                 self.opt_state, losses = online_fit(self.model, xs, (ys, weight), self._step_loss, self.optimizer,
                                                     self.opt_state, update_every=self.update_every, algo=self.algo,
@@ -343,6 +350,14 @@ class Trainer:
                  ) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
         return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
+
+    def report(self) -> str:
+        """The compile report with the rule chosen per weight and its trace memory
+        (available once ``fit`` has seen a batch)."""
+        if self._plan is None:
+            raise ConfigError("the model is compiled on the first training batch; call fit first")
+        graph, plan = self._plan
+        return graph.report() + "\n\nalgo='bptt': exact gradients, memory grows with T" if plan is None else plan.report()
 
     # ----------------------------------------------------------- learning rate
     def _init_optimizer(self, values: Any) -> None:

@@ -207,3 +207,42 @@ def test_progress_bar_shows_loss_and_throughput(capsys):
     assert "epoch 1/1" in err and "2/2" in err
     for key in ("loss=", "accuracy=", "seq/s=", "steps/s="):
         assert key in err
+
+
+def _read_events(folder):
+    """Every (tag, kind) in the TFRecord event files under ``folder``."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    found = set()
+    for root, _, files in __import__("os").walk(folder):
+        for name in files:
+            if "tfevents" not in name:
+                continue
+            data = open(__import__("os").path.join(root, name), "rb").read()
+            offset = 0
+            while offset < len(data):
+                (length,) = struct.unpack("<Q", data[offset:offset + 8])
+                event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+                offset += 12 + length + 4
+                for value in event.summary.value:
+                    kind = value.WhichOneof("value")
+                    found.add((value.tag, kind))
+    return found
+
+
+def test_tensorboard_writes_the_expected_tags(tmp_path):
+    from etrace_fit.callbacks import TensorBoard
+
+    x, y = _data(16)
+    trainer = ef.Trainer(_trainer().model, optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=1e-2))
+    trainer.fit(x, y, batch_size=4, epochs=2, validation_split=0.25, verbose=0,
+                callbacks=[TensorBoard(str(tmp_path), update_freq=1, histogram_freq=1)])
+    tags = _read_events(tmp_path)
+    for tag in ("epoch/loss", "epoch/accuracy", "epoch/val_loss", "epoch/val_accuracy", "epoch/learning_rate",
+                "epoch/sequences_per_second", "batch/loss"):
+        assert (tag, "simple_value") in tags, tag
+    assert ("weights/layers.0.weight/weight", "histo") in tags
+    assert any(tag.startswith("compile_report") for tag, _ in tags)
+    assert "hybrid" in trainer.report() or "d_rtrl" in trainer.report()

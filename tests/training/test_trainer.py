@@ -132,3 +132,13 @@ def test_sequence_grad_recompiles_after_states_are_recreated():
     again, _ = ef.sequence_grad(model, xs, ys, loss)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), first, again)
     assert float(jnp.abs(model[1].V.value).sum()) > 0  # the new state objects were written
+
+
+def test_report_shows_the_rule_per_weight_after_the_first_batch():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model())
+    with pytest.raises(ConfigError, match="call fit first"):
+        trainer.report()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    report = trainer.report()
+    assert "layers.0.weight" in report and "trace memory" in report and ("d_rtrl" in report or "esd_rtrl" in report)

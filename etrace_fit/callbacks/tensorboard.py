@@ -1,0 +1,88 @@
+"""``TensorBoard``: scalars, histograms, the compile report and hyperparameters (tensorboardX)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from .base import Callback
+
+__all__ = ["TensorBoard"]
+
+
+class TensorBoard(Callback):
+    """Writes TensorBoard event files under ``log_dir`` (tensorboardX).
+
+    Every epoch: each logged value as ``epoch/<key>`` (loss, metrics, ``val_*``,
+    ``learning_rate``) and ``epoch/sequences_per_second``. Every ``update_freq`` batches:
+    ``batch/loss``. Every ``histogram_freq`` epochs: a histogram of every weight
+    (``weights/<path>``). Once, after the first epoch: a text dashboard with the
+    trainer's compile report (rule and trace memory per weight) and the trainer's
+    configuration as hyperparameters.
+
+    Args:
+        log_dir: the folder for event files.
+        update_freq: batches between ``batch/loss`` points (0: none).
+        histogram_freq: epochs between weight histograms (0: none).
+
+    Example::
+
+        trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence")])
+    """
+
+    def __init__(self, log_dir: str = "runs", update_freq: int = 10, histogram_freq: int = 1):
+        self.log_dir, self.update_freq, self.histogram_freq = os.fspath(log_dir), update_freq, histogram_freq
+        self._writer = None
+        self._global_batch = 0
+        self._dashboard_written = False
+
+    def on_train_begin(self, logs=None):
+        from tensorboardX import SummaryWriter
+
+        self._writer = SummaryWriter(self.log_dir)
+        self._dashboard_written = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._sequences = time.perf_counter(), 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._sequences += int((logs or {}).get("size", 0))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._global_batch += 1
+        if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in (logs or {}):
+            self._writer.add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        for key, value in (logs or {}).items():
+            self._writer.add_scalar(f"epoch/{key}", float(value), epoch)
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._writer.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
+        if self.histogram_freq and epoch % self.histogram_freq == 0:
+            for path, value in self.trainer.get_weights().items():
+                name = ".".join(str(p) for p in path)
+                leaves = value.items() if isinstance(value, dict) else [("", value)]
+                for leaf, array in leaves:
+                    self._writer.add_histogram(f"weights/{name}{'/' + leaf if leaf else ''}", np.asarray(array), epoch)
+        if not self._dashboard_written:
+            self._dashboard_written = True
+            self._writer.add_text("compile_report", "```\n" + self.trainer.report() + "\n```", epoch)
+            config = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in self.trainer.config.items()
+                      if v is not None}
+            self._writer.add_hparams(config, {f"hparam/{k}": float(v) for k, v in (logs or {}).items()},
+                                     name="hparams")
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def state_dict(self):
+        return {"global_batch": self._global_batch}
+
+    def load_state_dict(self, state):
+        self._global_batch = state["global_batch"]
