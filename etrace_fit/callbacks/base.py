@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["Callback", "CallbackList"]
+__all__ = ["Callback", "CallbackList", "Monitor"]
 
 HOOKS = (
     "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
@@ -90,3 +90,35 @@ class CallbackList:
             key = f"{i}:{type(callback).__name__}"
             if key in state:
                 callback.load_state_dict(state[key])
+
+
+class Monitor:
+    """Tracks the best value of one logged key (shared by EarlyStopping,
+    ReduceLROnPlateau and ModelCheckpoint).
+
+    ``mode="auto"`` means ``max`` for accuracy-like keys and ``min`` otherwise; an
+    improvement must beat the best by more than ``min_delta``.
+    """
+
+    def __init__(self, owner: str, monitor: str, mode: str = "auto", min_delta: float = 0.0):
+        from ..errors import ConfigError
+
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if mode == "auto":
+            mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
+        self.owner, self.key, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
+        self.best = float("inf") if mode == "min" else float("-inf")
+
+    def value(self, logs: dict | None) -> float:
+        from ..errors import ConfigError
+
+        logs = logs or {}
+        if self.key not in logs:
+            raise ConfigError(f"{self.owner}: monitor {self.key!r} is not logged; logged keys: {', '.join(sorted(logs))}")
+        return float(logs[self.key])
+
+    def improves(self, value: float) -> bool:
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta

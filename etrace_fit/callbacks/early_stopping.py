@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from ..errors import ConfigError
-from .base import Callback
+from .base import Callback, Monitor
 
 __all__ = ["EarlyStopping"]
 
@@ -29,30 +27,27 @@ class EarlyStopping(Callback):
 
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
                  baseline: float | None = None, restore_best_weights: bool = False):
-        if mode not in ("auto", "min", "max"):
-            raise ConfigError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
-        if mode == "auto":
-            mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
-        self.monitor, self.min_delta, self.patience, self.mode = monitor, abs(min_delta), patience, mode
+        self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
+        self.monitor, self.mode, self.patience = monitor, self._monitor.mode, patience
         self.baseline, self.restore_best_weights = baseline, restore_best_weights
-        self.best: float = math.inf if mode == "min" else -math.inf
         self.wait, self.best_epoch, self.stopped_epoch = 0, -1, -1
         self.best_weights: Any = None
 
-    def _improved(self, value: float, reference: float) -> bool:
-        return value < reference - self.min_delta if self.mode == "min" else value > reference + self.min_delta
+    @property
+    def best(self) -> float:
+        return self._monitor.best
+
+    @best.setter
+    def best(self, value: float) -> None:
+        self._monitor.best = value
 
     def on_train_begin(self, logs=None):
         if self.baseline is not None and self.best_epoch < 0:
             self.best = self.baseline
 
     def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        if self.monitor not in logs:
-            raise ConfigError(f"EarlyStopping: monitor {self.monitor!r} is not logged; logged keys: "
-                              f"{', '.join(sorted(logs))}")
-        value = float(logs[self.monitor])
-        if self._improved(value, self.best):
+        value = self._monitor.value(logs)
+        if self._monitor.improves(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0
             if self.restore_best_weights:
                 self.best_weights = self.trainer.get_weights()

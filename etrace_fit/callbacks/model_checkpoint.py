@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 from ..errors import ConfigError
-from .base import Callback
+from .base import Callback, Monitor
 
 __all__ = ["ModelCheckpoint"]
 
@@ -29,26 +28,26 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, filepath: str, monitor: str = "val_loss", mode: str = "auto", save_best_only: bool = False,
                  keep_last: int | None = None):
-        if mode not in ("auto", "min", "max"):
-            raise ConfigError(f"ModelCheckpoint: mode must be 'auto', 'min' or 'max', got {mode!r}")
         if keep_last is not None and keep_last < 1:
             raise ConfigError(f"ModelCheckpoint: keep_last must be a positive int or None, got {keep_last!r}")
-        if mode == "auto":
-            mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
-        self.filepath, self.monitor, self.mode = os.fspath(filepath), monitor, mode
+        self._monitor = Monitor("ModelCheckpoint", monitor, mode)
+        self.filepath, self.monitor, self.mode = os.fspath(filepath), monitor, self._monitor.mode
         self.save_best_only, self.keep_last = save_best_only, keep_last
-        self.best = math.inf if mode == "min" else -math.inf
         self.saved: list[str] = []
+
+    @property
+    def best(self) -> float:
+        return self._monitor.best
+
+    @best.setter
+    def best(self, value: float) -> None:
+        self._monitor.best = value
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         if self.save_best_only:
-            if self.monitor not in logs:
-                raise ConfigError(f"ModelCheckpoint: monitor {self.monitor!r} is not logged; logged keys: "
-                                  f"{', '.join(sorted(logs))}")
-            value = float(logs[self.monitor])
-            better = value < self.best if self.mode == "min" else value > self.best
-            if not better:
+            value = self._monitor.value(logs)
+            if not self._monitor.improves(value):
                 return
             self.best = value
         try:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Callback
+from .base import Callback, Monitor
 
 __all__ = ["ReduceLROnPlateau"]
 
@@ -30,22 +29,22 @@ class ReduceLROnPlateau(Callback):
                  min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0):
         if not 0.0 < factor < 1.0:
             raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
-        if mode not in ("auto", "min", "max"):
-            raise ConfigError(f"ReduceLROnPlateau: mode must be 'auto', 'min' or 'max', got {mode!r}")
-        if mode == "auto":
-            mode = "max" if "acc" in monitor else "min"
-        self.monitor, self.factor, self.patience, self.mode = monitor, factor, patience, mode
-        self.min_delta, self.cooldown, self.min_lr = abs(min_delta), cooldown, min_lr
-        self.best = math.inf if mode == "min" else -math.inf
+        self._monitor = Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
+        self.monitor, self.factor, self.patience, self.mode = monitor, factor, patience, self._monitor.mode
+        self.cooldown, self.min_lr = cooldown, min_lr
         self.wait = self.cooldown_left = 0
 
+    @property
+    def best(self) -> float:
+        return self._monitor.best
+
+    @best.setter
+    def best(self, value: float) -> None:
+        self._monitor.best = value
+
     def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        if self.monitor not in logs:
-            raise ConfigError(f"ReduceLROnPlateau: monitor {self.monitor!r} is not logged; logged keys: "
-                              f"{', '.join(sorted(logs))}")
-        value = float(logs[self.monitor])
-        improved = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+        value = self._monitor.value(logs)
+        improved = self._monitor.improves(value)
         if self.cooldown_left > 0:
             self.cooldown_left -= 1
             self.wait = 0
