@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["Callback", "CallbackList", "Monitor"]
+__all__ = ["Callback", "CallbackList", "Monitor", "MonitoredCallback"]
 
 HOOKS = (
     "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
@@ -122,3 +122,17 @@ class Monitor:
         if self.mode == "min":
             return value < self.best - self.min_delta
         return value > self.best + self.min_delta
+
+
+class MonitoredCallback(Callback):
+    """A callback that tracks the best value of one logged key through ``self._monitor``."""
+
+    _monitor: Monitor
+
+    @property
+    def best(self) -> float:
+        return self._monitor.best
+
+    @best.setter
+    def best(self, value: float) -> None:
+        self._monitor.best = value

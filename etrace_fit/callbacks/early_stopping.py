@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Callback, Monitor
+from .base import Monitor, MonitoredCallback
 
 __all__ = ["EarlyStopping"]
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(MonitoredCallback):
     """Stops training when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
 
     Args:
@@ -32,14 +32,6 @@ class EarlyStopping(Callback):
         self.baseline, self.restore_best_weights = baseline, restore_best_weights
         self.wait, self.best_epoch, self.stopped_epoch = 0, -1, -1
         self.best_weights: Any = None
-
-    @property
-    def best(self) -> float:
-        return self._monitor.best
-
-    @best.setter
-    def best(self, value: float) -> None:
-        self._monitor.best = value
 
     def on_train_begin(self, logs=None):
         if self.baseline is not None and self.best_epoch < 0:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
-from .base import Callback, Monitor
+from .base import Monitor, MonitoredCallback
 
 __all__ = ["ModelCheckpoint"]
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(MonitoredCallback):
     """Saves ``trainer.save(path)`` at the end of epochs.
 
     Args:
@@ -34,14 +34,6 @@ class ModelCheckpoint(Callback):
         self.filepath, self.monitor, self.mode = os.fspath(filepath), monitor, self._monitor.mode
         self.save_best_only, self.keep_last = save_best_only, keep_last
         self.saved: list[str] = []
-
-    @property
-    def best(self) -> float:
-        return self._monitor.best
-
-    @best.setter
-    def best(self, value: float) -> None:
-        self._monitor.best = value
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}

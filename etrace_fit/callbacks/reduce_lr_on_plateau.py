@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Callback, Monitor
+from .base import Monitor, MonitoredCallback
 
 __all__ = ["ReduceLROnPlateau"]
 
 
-class ReduceLROnPlateau(Callback):
+class ReduceLROnPlateau(MonitoredCallback):
     """Multiplies the learning rate by ``factor`` after ``patience`` epochs without improvement.
 
     Args:
@@ -33,14 +33,6 @@ class ReduceLROnPlateau(Callback):
         self.monitor, self.factor, self.patience, self.mode = monitor, factor, patience, self._monitor.mode
         self.cooldown, self.min_lr = cooldown, min_lr
         self.wait = self.cooldown_left = 0
-
-    @property
-    def best(self) -> float:
-        return self._monitor.best
-
-    @best.setter
-    def best(self, value: float) -> None:
-        self._monitor.best = value
 
     def on_epoch_end(self, epoch, logs=None):
         value = self._monitor.value(logs)
