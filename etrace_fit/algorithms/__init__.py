@@ -9,15 +9,17 @@ from .base import PairSignals, Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
 from .hybrid import Plan, make_plan
-from .sequence import online_fit, plan_for, sequence_grad
+from .sequence import CompiledSequence, compile_sequence, online_fit, plan_for, sequence_grad
 
 __all__ = [
+    "CompiledSequence",
     "DRTRL",
     "ESDRTRL",
     "PairSignals",
     "Plan",
     "Rule",
     "TracedPair",
+    "compile_sequence",
     "make_plan",
     "online_fit",
     "plan_for",

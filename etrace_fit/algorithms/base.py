@@ -44,7 +44,9 @@ class Rule(Protocol):
 
     ``init_traces(pair, batch, dtype)`` returns zero traces; ``step(traces, signals, t)``
     returns ``(gradient (K, O) of this step, new traces)``; ``trace_bytes(pair, batch,
-    itemsize)`` says how much memory the traces take. ``t`` counts steps since the last
+    itemsize)`` says how much memory the traces take; ``trace_norm(traces, t)`` is the
+    Frobenius norm per sample ``(B,)`` of the eligibility trace the rule stands for
+    (what ``G`` is contracted with), for dashboards. ``t`` counts steps since the last
     reset (0 at the first step).
     """
 
@@ -55,6 +57,8 @@ class Rule(Protocol):
     def step(self, traces: Any, signals: PairSignals, t: jax.Array) -> tuple[jax.Array, Any]: ...
 
     def trace_bytes(self, pair: "TracedPair", batch: int, itemsize: int) -> int: ...
+
+    def trace_norm(self, traces: Any, t: jax.Array) -> jax.Array: ...
 
 
 @dataclasses.dataclass(frozen=True)

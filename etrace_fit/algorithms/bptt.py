@@ -13,7 +13,7 @@ from jax import lax
 
 from .. import _compat
 from ..compiler import ETraceGraph
-from .online import OnlineProgram
+from .online import Collected, OnlineProgram
 
 __all__ = ["build_bptt"]
 
@@ -25,7 +25,7 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
     weight_positions = module.weight_leaf_positions
     step_fn = _compat.jaxpr_as_fun(module.closed_jaxpr)
 
-    def run(weight_leaves, state_leaves, xs_leaves, targets):
+    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False):
         def total(weights):
             def body(leaves, inputs):
                 input_leaves, target = inputs
@@ -34,12 +34,14 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
                     leaves[position] = weights[n]
                 outs = step_fn(*input_leaves, *leaves)
                 outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
-                return list(outs[num_outputs:]), step_loss(outputs, target)
+                return list(outs[num_outputs:]), (step_loss(outputs, target), outputs)
 
-            final, losses = lax.scan(body, list(state_leaves), (list(xs_leaves), targets))
-            return losses.sum(), (losses, final)
+            final, (losses, outputs) = lax.scan(body, list(state_leaves), (list(xs_leaves), targets))
+            return losses.sum(), (losses, final, outputs)
 
-        grads, (losses, final) = jax.grad(total, has_aux=True)(list(weight_leaves))
+        grads, (losses, final, outputs) = jax.grad(total, has_aux=True)(list(weight_leaves))
+        if collect:
+            return grads, losses, final, Collected(jax.lax.stop_gradient(outputs), [])
         return grads, losses, final
 
     return OnlineProgram(run=run)

@@ -58,13 +58,19 @@ class ESDRTRL:
         X, D, Df, G = signals
         eps_x, eps_f = traces
         alpha = self.alpha
-        if eps_f.shape[-1] == 1:
-            carried = D[..., 0, :] * eps_f
-        else:
-            carried = jnp.einsum("bposr,bpor->bpos", D, eps_f)
+        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
         eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
         eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
         dtype = jnp.promote_types(G.dtype, jnp.float32)
         correction = 1.0 - jnp.asarray(alpha, dtype) ** (t.astype(dtype) + 1.0)
         grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction
         return grad, (eps_x, eps_f)
+
+    def trace_norm(self, traces, t: jax.Array) -> jax.Array:
+        """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""
+        eps_x, eps_f = traces
+        dtype = jnp.promote_types(eps_x.dtype, jnp.float32)
+        x_norm = jnp.square(eps_x.astype(dtype)).sum(axis=2)  # (B, P)
+        f_norm = jnp.square(eps_f.astype(dtype)).sum(axis=(2, 3))  # (B, P)
+        correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
+        return jnp.sqrt((x_norm * f_norm).sum(axis=1)) / correction

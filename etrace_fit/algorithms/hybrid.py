@@ -2,7 +2,9 @@
 
 Elementwise relations get D-RTRL (their trace is as small as the weight). Dense and conv
 relations get D-RTRL when its trace memory is within ``factor`` (default 4) of the
-ES-D-RTRL trace, else ES-D-RTRL. ``algo`` may also name one rule for every pair, or be a
+ES-D-RTRL trace, else ES-D-RTRL. With a ``memory_budget`` (total trace bytes, e.g.
+``"64MiB"``), the pairs left on ES-D-RTRL are then moved to D-RTRL, cheapest first,
+while the whole plan's traces stay within the budget. ``algo`` may also name one rule for every pair, or be a
 dict ``{path pattern: rule name}`` that forces rules per weight (``fnmatch`` patterns on
 ``"layers.0.weight"``; unmatched weights follow the hybrid choice).
 """
@@ -21,7 +23,7 @@ from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
 
-__all__ = ["ONLINE_RULES", "Plan", "make_plan"]
+__all__ = ["ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
 
 ONLINE_RULES = ("d_rtrl", "esd_rtrl", "hybrid")
 
@@ -35,6 +37,7 @@ class Plan:
     rules: tuple[Rule, ...]
     batch: int
     trace_dtype: Any
+    memory_budget: int | None = None
 
     def trace_bytes(self) -> tuple[int, ...]:
         itemsize = jnp.dtype(self.trace_dtype).itemsize
@@ -55,8 +58,9 @@ class Plan:
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "-+-".join("-" * w for w in widths))
         total = _bytes(sum(self.trace_bytes()))
+        budget = "" if self.memory_budget is None else f", budget {_bytes(self.memory_budget)}"
         return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
-                f"{jnp.dtype(self.trace_dtype).name}, total {total}):\n" + "\n".join(lines))
+                f"{jnp.dtype(self.trace_dtype).name}, total {total}{budget}):\n" + "\n".join(lines))
 
 
 def _bytes(n: int) -> str:
@@ -65,6 +69,33 @@ def _bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(value: Any, what: str = "memory_budget") -> int | None:
+    """``None``, a non-negative int of bytes, or a string like ``"64MiB"`` / ``"1.5 GB"``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be bytes (int) or a size like '64MiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{what} must be non-negative, got {value}")
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(number):] or "b"
+        try:
+            amount = float(number)
+        except ValueError:
+            amount = -1.0
+        if unit in _UNITS and amount >= 0:
+            return int(amount * _UNITS[unit])
+    raise ConfigError(f"{what} must be bytes (int) or a size like '64MiB' (units: B, KB, MB, GB, KiB, MiB, GiB), "
+                      f"got {value!r}")
 
 
 def _rule_by_name(name: str, alpha: float) -> Rule:
@@ -90,8 +121,10 @@ def make_plan(
     batch: int,
     trace_dtype: Any = jnp.float32,
     factor: float = 4.0,
+    memory_budget: Any = None,
 ) -> Plan:
     """Pick a rule for every traced pair of ``graph`` (see the module docstring)."""
+    budget = parse_bytes(memory_budget)
     pairs = traced_pairs(graph)
     overrides: Mapping[str, str] = {}
     if isinstance(algo, Mapping):
@@ -106,14 +139,24 @@ def make_plan(
     else:
         raise ConfigError(f"unknown online rule {algo!r}; valid: 'd_rtrl', 'esd_rtrl', 'hybrid', or a dict "
                           f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
-    rules = []
-    for pair in pairs:
+    rules, chosen = [], []  # chosen: pairs whose rule the hybrid picked (not forced)
+    for n, pair in enumerate(pairs):
         name = format_path(pair.relation.weight_path)
         forced = next((rule for pattern, rule in overrides.items() if fnmatch.fnmatchcase(name, pattern)), None)
         if forced is not None:
             rules.append(_rule_by_name(forced, alpha))
         elif default == "hybrid":
             rules.append(_hybrid_rule(pair, batch, alpha, factor))
+            chosen.append(n)
         else:
             rules.append(_rule_by_name(default, alpha))
-    return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype)
+    if budget is not None and chosen:
+        itemsize = jnp.dtype(trace_dtype).itemsize
+        total = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
+        extra = {n: DRTRL().trace_bytes(pairs[n], batch, itemsize) - rules[n].trace_bytes(pairs[n], batch, itemsize)
+                 for n in chosen if rules[n].name == "esd_rtrl"}
+        for n in sorted(extra, key=lambda n: (extra[n], n)):
+            if total + extra[n] <= budget:
+                rules[n], total = DRTRL(), total + extra[n]
+    return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
+                memory_budget=budget)

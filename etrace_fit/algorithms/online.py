@@ -13,7 +13,7 @@ point.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,21 +27,32 @@ from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
 
-__all__ = ["OnlineProgram", "build_online"]
+__all__ = ["Collected", "OnlineProgram", "build_online"]
+
+
+class Collected(NamedTuple):
+    """What a run also returns with ``collect=True``: the model's ``outputs`` at every
+    step (its output pytree, each leaf with a leading time axis) and each traced pair's
+    final ``trace_norms`` per sample (``(B,)`` in ``pairs`` order; none for BPTT)."""
+
+    outputs: Any
+    trace_norms: list
 
 
 @dataclasses.dataclass(frozen=True)
 class OnlineProgram:
     """A pure function over one sequence and what it needs to map results back.
 
-    ``run(weight_leaves, state_leaves, xs_leaves, targets) -> (weight grads, losses,
-    final state leaves)``: ``weight_leaves`` in ``module.weights`` leaf order,
-    ``state_leaves`` all states' leaves (the weights' among them are ignored), ``xs``
-    time-major.
+    ``run(weight_leaves, state_leaves, xs_leaves, targets, collect=False) -> (weight
+    grads, losses, final state leaves[, Collected])``: ``weight_leaves`` in
+    ``module.weights`` leaf order, ``state_leaves`` all states' leaves (the weights'
+    among them are ignored), ``xs`` time-major. ``pairs`` names what the trace norms
+    belong to.
     """
 
     run: Callable[..., Any]
     run_with_updates: Callable[..., Any] | None = None
+    pairs: tuple = ()
 
 
 def build_online(
@@ -97,7 +108,7 @@ def build_online(
         outs = add_output_perturbations(outs, at_output, produced, perturbations)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
         loss = step_loss(outputs, target)
-        return loss, (outs[num_outputs:], [captured[var] for var in capture])
+        return loss, (outs[num_outputs:], [captured[var] for var in capture], outputs)
 
     # D and Df from one linearisation of all groups' transitions at once: the step with
     # every related op's output y an input and other trainable ops held constant.
@@ -143,7 +154,7 @@ def build_online(
 
     def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
         perturbations = [jnp.zeros(s.in_vars[0].aval.shape, s.in_vars[0].aval.dtype) for s in hidden]
-        loss, pullback, (new_leaves, captured_values) = jax.vjp(
+        loss, pullback, (new_leaves, captured_values, outputs) = jax.vjp(
             lambda w, p: forward(w, p, state_leaves, input_leaves, target), list(weight_leaves), perturbations,
             has_aux=True,
         )
@@ -176,7 +187,7 @@ def build_online(
             grad, trace = rule.step(trace, canonical, t)
             pair_grads.append(grad)
             new_traces.append(trace)
-        return loss, new_leaves, weight_grads, pair_grads, new_traces
+        return loss, outputs, new_leaves, weight_grads, pair_grads, new_traces
 
     batch = pairs[0].group.shape[0] if pairs else 1
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
@@ -200,27 +211,33 @@ def build_online(
     def scan_body(weight_leaves, carry, inputs):
         state_leaves, traces, weight_acc, pair_acc, t = carry
         input_leaves, target = inputs
-        loss, new_leaves, weight_grads, pair_grads, traces = step(
+        loss, outputs, new_leaves, weight_grads, pair_grads, traces = step(
             weight_leaves, state_leaves, input_leaves, target, traces, t)
         weight_acc = [a + g for a, g in zip(weight_acc, weight_grads)]
         pair_acc = [a + g.astype(a.dtype) for a, g in zip(pair_acc, pair_grads)]
-        return (list(new_leaves), traces, weight_acc, pair_acc, t + 1), loss
+        return (list(new_leaves), traces, weight_acc, pair_acc, t + 1), (loss, outputs)
 
     def initial_traces():
         return [rule.init_traces(pair, batch, trace_dtype) for pair, rule in zip(pairs, rules)]
 
-    def run(weight_leaves, state_leaves, xs_leaves, targets):
+    def trace_norms(traces, t):
+        return [rule.trace_norm(trace, t) for rule, trace in zip(rules, traces)]
+
+    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False):
         weight_leaves = list(weight_leaves)
         carry = (list(state_leaves), initial_traces(), *zero_accumulators(weight_leaves), jnp.zeros((), jnp.int32))
-        (final_leaves, _, weight_acc, pair_acc, _), losses = lax.scan(
+        (final_leaves, traces, weight_acc, pair_acc, t), (losses, outputs) = lax.scan(
             lambda c, i: scan_body(weight_leaves, c, i), carry, (list(xs_leaves), targets))
         grads = weight_gradients(weight_leaves, weight_acc, pair_acc, state_leaves, [x[0] for x in xs_leaves])
+        if collect:
+            return grads, losses, final_leaves, Collected(outputs, trace_norms(traces, t))
         return grads, losses, final_leaves
 
-    def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every):
+    def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every, collect=False):
         """As ``run``, but applies ``optimizer`` every ``every`` steps inside the scan
         (traces carry on across updates: true online learning). Returns ``(weights,
-        opt_state, losses, final state leaves)``."""
+        opt_state, losses, final state leaves)``, and a :class:`Collected` with
+        ``collect``."""
 
         def apply(weights, opt_state, weight_acc, pair_acc, state_leaves, input_leaves):
             grads = weight_gradients(weights, weight_acc, pair_acc, state_leaves, input_leaves)
@@ -229,7 +246,7 @@ def build_online(
 
         def body(carry, inputs):
             weights, opt_state, inner = carry
-            inner, loss = scan_body(weights, inner, inputs)
+            inner, (loss, outputs) = scan_body(weights, inner, inputs)
             state_leaves, traces, weight_acc, pair_acc, t = inner
             weights, opt_state = lax.cond(
                 t % every == 0,
@@ -238,21 +255,23 @@ def build_online(
             )
             weight_acc, pair_acc = lax.cond(
                 t % every == 0, lambda: zero_accumulators(weights), lambda: (weight_acc, pair_acc))
-            return (weights, opt_state, (state_leaves, traces, weight_acc, pair_acc, t)), loss
+            return (weights, opt_state, (state_leaves, traces, weight_acc, pair_acc, t)), (loss, outputs)
 
         inner = (list(state_leaves), initial_traces(), *zero_accumulators(list(weight_leaves)), jnp.zeros((), jnp.int32))
-        (weights, opt_state, inner), losses = lax.scan(
+        (weights, opt_state, inner), (losses, outputs) = lax.scan(
             body, (list(weight_leaves), opt_state, inner), (list(xs_leaves), targets))
-        final_leaves, _, weight_acc, pair_acc, t = inner
+        final_leaves, traces, weight_acc, pair_acc, t = inner
         # A last partial window still updates the weights.
         weights, opt_state = lax.cond(
             t % every != 0,
             lambda: apply(weights, opt_state, weight_acc, pair_acc, final_leaves, [x[-1] for x in xs_leaves]),
             lambda: (weights, opt_state),
         )
+        if collect:
+            return weights, opt_state, losses, final_leaves, Collected(outputs, trace_norms(traces, t))
         return weights, opt_state, losses, final_leaves
 
-    return OnlineProgram(run=run, run_with_updates=run_with_updates)
+    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs))
 
 
 def _effective_cotangents(pairs, pair_acc) -> dict:

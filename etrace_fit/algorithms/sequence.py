@@ -7,6 +7,7 @@ input shape), plans a rule per traced weight, and runs the whole sequence in one
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Callable, Mapping
@@ -19,10 +20,10 @@ from ..compiler import DiagnosticKind, compile_graph, format_path
 from ..errors import ConfigError, ShapeError
 from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
-from .hybrid import make_plan
+from .hybrid import make_plan, parse_bytes
 from .online import build_online
 
-__all__ = ["online_fit", "plan_for", "sequence_grad"]
+__all__ = ["CompiledSequence", "compile_sequence", "online_fit", "plan_for", "sequence_grad"]
 
 ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
 
@@ -69,7 +70,7 @@ def _algo_key(algo: Any) -> Any:
     return tuple(sorted(algo.items())) if isinstance(algo, Mapping) else algo
 
 
-def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
+def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None):
     if not isinstance(algo, Mapping) and algo not in ALGOS:
         raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
                           f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
@@ -90,13 +91,14 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
             raise ShapeError(f"sequence_grad: targets must have the leading time axis T={length}, got shape "
                              f"{tuple(jnp.shape(leaf))}")
     alpha = resolve_decay(decay, rank)
+    memory_budget = parse_bytes(memory_budget)
     if trace_dtype is not None:
         trace_dtype = jnp.dtype(trace_dtype)
         if trace_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64)):
             raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
 
     example = jax.tree.map(lambda x: x[0], xs)
-    key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), step_loss)
+    key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), memory_budget, step_loss)
     entries = _CACHE.setdefault(model, {})
     if key in entries and not _same_states(model, entries[key][0]):
         entries.clear()  # init_all_states made new state objects: compile again
@@ -113,16 +115,62 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype):
         else:
             batch = graph.hidden_groups[0].shape[0] if graph.hidden_groups[0].shape else 1
             dtype = jnp.dtype(graph.hidden_groups[0].dtype) if trace_dtype is None else trace_dtype
-            plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype)
+            plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype, memory_budget=memory_budget)
             program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=dtype)
         entries[key] = (graph, plan, jax.jit(program.run), program)
     return entries[key]
 
 
-def plan_for(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None, trace_dtype=None):
+def plan_for(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None, trace_dtype=None,
+             memory_budget=None):
     """The compiled graph and rule plan ``sequence_grad`` would use (``None`` plan for BPTT)."""
-    graph, plan, _, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    graph, plan, _, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
     return graph, plan
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSequence:
+    """A model's step compiled for one input signature, for callers that build their
+    own jitted function around the pure program (the ``Trainer`` fuses it with the
+    optimizer and the metrics into one call per batch).
+
+    ``program.run(weight_leaves, state_leaves, xs_leaves, targets, collect=...)`` is
+    pure; :meth:`weight_leaves`, :meth:`state_leaves`, :meth:`per_state` and
+    :meth:`write_states` move values between it and the model's states.
+    """
+
+    graph: Any
+    plan: Any  # None for BPTT
+    program: Any
+
+    @property
+    def module(self):
+        return self.graph.module
+
+    def weight_leaves(self, values: Mapping | None = None) -> list:
+        """The program's weight leaves, from the states or from ``values`` keyed by path."""
+        if values is None:
+            return _weight_leaves(self.module)
+        return [leaf for s in self.module.weights for leaf in jax.tree.leaves(values[s.path])]
+
+    def state_leaves(self) -> list:
+        return self.module.state_leaves()
+
+    def per_state(self, weight_leaves) -> dict:
+        """Weight leaves regrouped per ParamState path (only the weights the step reads)."""
+        return _per_state(self.module, weight_leaves)
+
+    def write_states(self, final_leaves) -> None:
+        """Leave the model's non-weight states where a run ended."""
+        _write_states(self.module, final_leaves)
+
+
+def compile_sequence(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None,
+                     trace_dtype=None, memory_budget=None) -> CompiledSequence:
+    """The compiled step, plan and pure program :func:`sequence_grad` would run
+    (cached: the same shapes share one program)."""
+    graph, plan, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
+    return CompiledSequence(graph, plan, program)
 
 
 def sequence_grad(
@@ -134,6 +182,7 @@ def sequence_grad(
     decay: float | None = None,
     rank: int | None = None,
     trace_dtype: Any = None,
+    memory_budget: Any = None,
 ) -> tuple[dict, jax.Array]:
     """Gradients of ``Σ_t step_loss(model(xs[t]), targets[t])`` over one sequence.
 
@@ -150,6 +199,9 @@ def sequence_grad(
             α = (r − 1)/(r + 1)); 0.9 when neither is given.
         trace_dtype: dtype of the traces: the hidden states' dtype by default (float32
             for a float32 model); bfloat16 halves their memory.
+        memory_budget: for ``"hybrid"``: total trace memory (bytes, or ``"64MiB"``)
+            the plan may spend moving weights from ES-D-RTRL to D-RTRL, cheapest
+            first (None: the factor-of-4 rule alone).
 
     Returns:
         ``(grads, losses)``: ``grads`` keyed exactly like
@@ -161,7 +213,7 @@ def sequence_grad(
 
         grads, losses = sequence_grad(model, xs, ys, lambda out, y: ((out - y) ** 2).sum())
     """
-    graph, plan, runner, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    graph, _, runner, _ = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
     module = graph.module
     grads_leaves, losses, final_leaves = runner(_weight_leaves(module), module.state_leaves(), jax.tree.leaves(xs), targets)
     _write_states(module, final_leaves)
@@ -184,6 +236,7 @@ def online_fit(
     decay: float | None = None,
     rank: int | None = None,
     trace_dtype: Any = None,
+    memory_budget: Any = None,
 ) -> tuple[Any, jax.Array]:
     """Train on one sequence *online*: an optimizer update every ``update_every`` steps.
 
@@ -210,7 +263,7 @@ def online_fit(
     if algo == "bptt":
         raise ConfigError("update_every needs an online rule ('d_rtrl', 'esd_rtrl', 'hybrid'); BPTT must see the "
                           "whole sequence before it has a gradient")
-    graph, plan, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype)
+    graph, _, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
     module = graph.module
     weights = _weight_leaves(module)
     if opt_state is None:

@@ -158,3 +158,16 @@ def test_esd_float32_close_to_float64():
     g32 = leaves_by_name(get_case("lif", 32).run("esd_rtrl")[0])
     for leaf in g64:
         assert rel_err(g32[leaf], g64[leaf]) < 1e-4, leaf
+
+
+def test_trace_norm_is_the_norm_of_the_materialised_bias_corrected_outer_product():
+    from etrace_fit.algorithms import DRTRL, ESDRTRL
+
+    rng = np.random.default_rng(3)
+    eps_x, eps_f = rng.normal(size=(3, 2, 5)), rng.normal(size=(3, 2, 4, 2))
+    t = jnp.asarray(7)
+    full = np.einsum("bpk,bpos->bpkos", eps_x, eps_f) / (1 - 0.8 ** 7)
+    expected = np.sqrt((full ** 2).reshape(3, -1).sum(axis=1))
+    np.testing.assert_allclose(ESDRTRL(0.8).trace_norm((jnp.asarray(eps_x), jnp.asarray(eps_f)), t), expected,
+                               rtol=1e-5)
+    np.testing.assert_allclose(DRTRL().trace_norm(jnp.asarray(full), t), expected, rtol=1e-5)

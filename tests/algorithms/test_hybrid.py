@@ -171,3 +171,48 @@ def test_make_plan_error_does_not_call_bptt_valid():
     with pytest.raises(ef.ConfigError) as info:
         ef.algorithms.make_plan(graph, "bptt", alpha=0.9, batch=BIG_BATCH)
     assert "'bptt'" not in str(info.value).split("valid:")[1]
+
+
+# ---------------------------------------------------------------- memory budget
+def test_a_budget_that_fits_the_d_rtrl_trace_moves_the_dense_weight_to_d_rtrl():
+    esd_dense, tau = BIG_BATCH * (BIG + 1 + BIG) * 4, BIG_BATCH * BIG * 4
+    d_rtrl_dense = BIG_BATCH * (BIG + 1) * BIG * 4
+    assert rules_by_weight(big_plan(memory_budget=d_rtrl_dense + tau - 1))["layers.0.weight"] == "esd_rtrl"
+    plan = big_plan(memory_budget=d_rtrl_dense + tau)
+    assert rules_by_weight(plan) == {"layers.0.weight": "d_rtrl", "layers.1.tau": "d_rtrl"}
+    assert sum(plan.trace_bytes()) == d_rtrl_dense + tau
+    assert plan.memory_budget == d_rtrl_dense + tau and "budget 8.1 MiB" in plan.report()
+    # a string size is read with its unit; a budget never overrides a forced rule
+    assert rules_by_weight(big_plan(memory_budget="1GiB"))["layers.0.weight"] == "d_rtrl"
+    forced = big_plan({"layers.0.*": "esd_rtrl"}, memory_budget="1GiB")
+    assert rules_by_weight(forced)["layers.0.weight"] == "esd_rtrl"
+    assert sum(big_plan(memory_budget=0).trace_bytes()) == esd_dense + tau
+
+
+def test_the_budget_is_spent_on_the_cheapest_move_first():
+    batch, item = 2, 4
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(64, 64, b_init=np.zeros(64)), L.LIF(64),
+                              L.Linear(64, 32, b_init=np.zeros(32)), L.LIF(32), L.Linear(32, 2))
+        brainstate.nn.init_all_states(model, batch_size=batch)
+        xs, ys = jnp.zeros((2, batch, 64)), jnp.zeros((2, batch, 2))
+        esd = batch * item * ((65 + 64) + (65 + 32))
+        extra_first, extra_second = batch * item * (65 * 64 - 129), batch * item * (65 * 32 - 97)
+        _, plan = ef.algorithms.plan_for(model, xs, ys, mse, memory_budget=esd + extra_second)
+        assert rules_by_weight(plan) == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}
+        _, plan = ef.algorithms.plan_for(model, xs, ys, mse, memory_budget=esd + extra_second + extra_first)
+        assert rules_by_weight(plan) == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), (0, 0), (1000, 1000), ("64MiB", 64 * 2**20),
+                                             ("1.5 GB", 1_500_000_000), ("10kb", 10_000), ("512", 512)])
+def test_parse_bytes_reads_sizes(value, expected):
+    from etrace_fit.algorithms.hybrid import parse_bytes
+
+    assert parse_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", [-1, "lots", "12 parsecs", "-3MB", True, 1.5])
+def test_a_bad_budget_is_a_config_error_naming_the_argument(value):
+    with pytest.raises(ef.ConfigError, match="memory_budget"):
+        big_plan(memory_budget=value)
