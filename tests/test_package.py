@@ -11,7 +11,8 @@ PACKAGE = pathlib.Path(etrace_fit.__file__).parent
 JAX_INTERNALS = ("jax._src", "jax.interpreters", "jax.extend", "jax.core", "jaxlib")
 # ops -> compiler -> algorithms -> training: a module may import only from its own
 # layer or those before it (DESIGN.md §8, STYLE.md).
-ORDER = ["_compat", "errors", "ops", "layers", "datasets", "compiler", "algorithms", "callbacks", "training"]
+ORDER = ["_compat", "errors", "ops", "layers", "datasets", "compiler", "algorithms", "callbacks", "training", "cli",
+         "__main__"]
 
 
 def _imports(path: pathlib.Path) -> list[str]:

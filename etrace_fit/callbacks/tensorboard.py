@@ -1,4 +1,5 @@
-"""``TensorBoard``: scalars, histograms, the compile report and hyperparameters (tensorboardX)."""
+"""``TensorBoard``: scalars, histograms, spike rasters, the compile report and
+hyperparameters (tensorboardX)."""
 
 from __future__ import annotations
 
@@ -18,23 +19,32 @@ class TensorBoard(Callback):
 
     Every epoch: each logged value as ``epoch/<key>`` (loss, metrics, ``val_*``,
     ``learning_rate``) and ``epoch/sequences_per_second``. Every ``update_freq`` batches:
-    ``batch/loss``. Every ``histogram_freq`` epochs: a histogram of every weight
-    (``weights/<path>``). Once, after the first epoch: a text dashboard with the
-    trainer's compile report (rule and trace memory per weight) and the trainer's
-    configuration as hyperparameters.
+    ``batch/loss``. Every ``histogram_freq`` epochs, histograms of every weight
+    (``weights/<path>``), of the epoch's last batch's gradient (``gradients/<path>``;
+    not with ``update_every``, where updates happen inside the sequence) and of its
+    per-sample eligibility-trace norms at the end of the sequence
+    (``trace_norms/<path>``, one value per sequence; none for BPTT). Every
+    ``raster_freq`` epochs, for models with spiking layers: an image per spiking layer
+    (``spikes/<path>``, neurons × time, white = spike) of one validation sequence (a
+    training sequence without validation data). Once, after the first epoch: a text
+    dashboard with the trainer's compile report (rule and trace memory per weight) and
+    the trainer's configuration as hyperparameters.
 
     Args:
         log_dir: the folder for event files.
         update_freq: batches between ``batch/loss`` points (0: none).
-        histogram_freq: epochs between weight histograms (0: none).
+        histogram_freq: epochs between histograms (0: none).
+        raster_freq: epochs between spike rasters (0: none; default ``histogram_freq``).
 
     Example::
 
         trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence")])
     """
 
-    def __init__(self, log_dir: str = "runs", update_freq: int = 10, histogram_freq: int = 1):
+    def __init__(self, log_dir: str = "runs", update_freq: int = 10, histogram_freq: int = 1,
+                 raster_freq: int | None = None):
         self.log_dir, self.update_freq, self.histogram_freq = os.fspath(log_dir), update_freq, histogram_freq
+        self.raster_freq = histogram_freq if raster_freq is None else raster_freq
         self._writer = None
         self._global_batch = 0
         self._dashboard_written = False
@@ -62,11 +72,9 @@ class TensorBoard(Callback):
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         self._writer.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
         if self.histogram_freq and epoch % self.histogram_freq == 0:
-            for path, value in self.trainer.get_weights().items():
-                name = ".".join(str(p) for p in path)
-                leaves = value.items() if isinstance(value, dict) else [("", value)]
-                for leaf, array in leaves:
-                    self._writer.add_histogram(f"weights/{name}{'/' + leaf if leaf else ''}", np.asarray(array), epoch)
+            self._histograms(epoch)
+        if self.raster_freq and epoch % self.raster_freq == 0:
+            self._rasters(epoch)
         if not self._dashboard_written:
             self._dashboard_written = True
             self._writer.add_text("compile_report", "```\n" + self.trainer.report() + "\n```", epoch)
@@ -75,6 +83,29 @@ class TensorBoard(Callback):
             self._writer.add_hparams(config, {f"hparam/{k}": float(v) for k, v in (logs or {}).items()},
                                      name="hparams")
         self._writer.flush()
+
+    def _histogram_tree(self, prefix: str, tree: dict, epoch: int) -> None:
+        for path, value in tree.items():
+            name = path if isinstance(path, str) else ".".join(str(p) for p in path)
+            leaves = value.items() if isinstance(value, dict) else [("", value)]
+            for leaf, array in leaves:
+                self._writer.add_histogram(f"{prefix}/{name}{'/' + leaf if leaf else ''}", np.asarray(array), epoch)
+
+    def _histograms(self, epoch: int) -> None:
+        trainer = self.trainer
+        self._histogram_tree("weights", trainer.get_weights(), epoch)
+        if trainer.last_gradients is not None:
+            self._histogram_tree("gradients", trainer.last_gradients, epoch)
+        if trainer.last_trace_norms:
+            self._histogram_tree("trace_norms", trainer.last_trace_norms, epoch)
+
+    def _rasters(self, epoch: int) -> None:
+        trainer = self.trainer
+        if trainer.sample_input is None or not trainer.spiking_layers():
+            return
+        for name, spikes in trainer.record_spikes(trainer.sample_input).items():
+            raster = np.asarray(spikes).reshape(spikes.shape[0], -1).T  # (neurons, time)
+            self._writer.add_image(f"spikes/{name}", (raster > 0).astype(np.uint8) * 255, epoch, dataformats="HW")
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

@@ -119,3 +119,7 @@ class LeakySpikeReadout(_ReadoutBase):
             v_reset=self.v_reset, reset=self.reset, surrogate=self.surrogate, detach_reset=self.detach_reset,
         )
         return z
+
+    def spikes(self) -> jax.Array:
+        """The spikes of the last step, read off the stored potential (see ``LIF.spikes``)."""
+        return jax.lax.stop_gradient(self.surrogate(self.V.value - self.v_threshold))

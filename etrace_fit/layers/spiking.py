@@ -132,6 +132,11 @@ class LIF(_SpikingBase):
         self.V.value, z, _ = self._membrane(self.V.value, x, decay_of(self, self.tau), self.v_threshold, self.v_threshold)
         return z
 
+    def spikes(self) -> jax.Array:
+        """The spikes of the last step, read off the stored (pre-reset) potential:
+        ``(B, size)`` of 0 / 1, no gradient (for rasters and spike counts)."""
+        return jax.lax.stop_gradient(self.surrogate(self.V.value - self.v_threshold))
+
 
 class ALIF(_SpikingBase):
     """Adaptive LIF neurons (Bellec et al. 2018): hidden states ``V`` and ``a``::
@@ -191,3 +196,7 @@ class ALIF(_SpikingBase):
             self.V.value, x, decay_of(self, self.tau), threshold_prev, self.v_threshold + self.beta * a
         )
         return z
+
+    def spikes(self) -> jax.Array:
+        """The spikes of the last step (``V > v_threshold + β a``), as in :meth:`LIF.spikes`."""
+        return jax.lax.stop_gradient(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)))

@@ -1,10 +1,12 @@
 """``Trainer``: Keras-style ``fit`` / ``evaluate`` / ``predict`` over online learning rules.
 
-Each training step is one ``sequence_grad`` call over a batch of sequences (one jitted
-scan, compiled once per input shape) followed by one jitted optax update. Data goes
-through :mod:`etrace_fit.training.data`; losses and metrics are per sample and placed
-on the last step, every step, or a mask (``loss_on``); callbacks get Keras' hooks.
-Checkpoints and the command-line demo build on this (issue 5).
+Each training step over a batch of sequences is **one** jitted call: the rule's scan
+over time (:func:`etrace_fit.algorithms.compile_sequence`), the metrics on the outputs
+that scan produced, and the optax update, compiled once per input shape (a last,
+smaller batch compiles once, not every epoch). Evaluation is one jitted call per batch
+as well. Data goes through :mod:`etrace_fit.training.data`; losses and metrics are per
+sample and placed on the last step, every step, or a mask (``loss_on``); callbacks get
+Keras' hooks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..algorithms import online_fit, plan_for, sequence_grad
+from ..algorithms import compile_sequence
+from ..algorithms.hybrid import parse_bytes
 from ..algorithms.sequence import ALGOS
 from ..callbacks import CallbackList, ProgressBar
 from ..compiler import format_path
@@ -65,6 +68,10 @@ class Trainer:
         update_every: apply the optimizer every ``k`` time steps inside the sequence
             (true online learning) instead of once per batch.
         grad_clip: clip gradients to this global norm before the optimizer.
+        memory_budget: for ``algo="hybrid"``: total trace memory (bytes, or a size like
+            ``"64MiB"``) the plan may spend moving weights from ES-D-RTRL to the
+            exact-for-diagonal D-RTRL, cheapest first. ``trainer.report()`` shows the
+            result.
 
     Example::
 
@@ -86,6 +93,7 @@ class Trainer:
         seed: int = 0,
         update_every: int | None = None,
         grad_clip: float | None = None,
+        memory_budget: int | str | None = None,
     ):
         if not isinstance(algo, Mapping) and algo not in ALGOS:
             raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
@@ -98,16 +106,19 @@ class Trainer:
             raise ConfigError("update_every needs an online rule; BPTT sees the whole sequence first")
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
+        parse_bytes(memory_budget)
         self.model = model
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
-                           time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip)
+                           time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
+                           memory_budget=memory_budget)
         self.epoch = -1  # the last finished epoch
         self._callbacks = CallbackList()
         # A callback (BackupAndRestore) may set this in on_train_begin: fit starts there.
         self.resume_epoch: int | None = None
         self.algo, self.decay, self.loss_on = algo, decay, loss_on
         self.time_major, self.seed, self.update_every = time_major, seed, update_every
+        self.memory_budget = memory_budget
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
         optimizer = optax.adam(1e-3) if optimizer is None else optimizer
@@ -118,8 +129,16 @@ class Trainer:
         self.stop_training = False
         self.history = History()
         self._step_loss = self._make_step_loss()
-        self._apply = jax.jit(self._apply_updates)
         self._forward = None
+        self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted train step)
+        self._eval_step = None
+        # From the last training batch, for dashboards: gradients per weight path
+        # (None with update_every) and per-sample trace norms per traced weight.
+        self.last_gradients: dict | None = None
+        self.last_trace_norms: dict | None = None
+        # One input sequence (T, ...) for dashboards: a validation sample if fit has one.
+        self.sample_input: np.ndarray | None = None
+        self._recorder = None
 
     # ------------------------------------------------------------------ pieces
     def _make_step_loss(self):
@@ -130,10 +149,6 @@ class Trainer:
             return jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
 
         return step_loss
-
-    def _apply_updates(self, grads, opt_state, values):
-        updates, opt_state = self.optimizer.update(grads, opt_state, values)
-        return optax.apply_updates(values, updates), opt_state
 
     def _params(self):
         return self.model.states(brainstate.ParamState)
@@ -167,8 +182,14 @@ class Trainer:
             ys = jnp.broadcast_to(y, (steps, *y.shape))  # one target per sequence
         return xs, ys, weight
 
+    def _ensure_states(self, batch_size: int) -> None:
+        """Create the hidden states of a model no batch has run through yet."""
+        if not self.model.states(brainstate.HiddenState):
+            brainstate.nn.init_all_states(self.model, batch_size=batch_size)
+
     def _outputs(self, xs: jax.Array) -> jax.Array:
         """The model's outputs at every step, ``(T, B, ...)``, from reset states."""
+        self._ensure_states(xs.shape[1])
         if self._forward is None:
             model = self.model
 
@@ -182,18 +203,14 @@ class Trainer:
 
     def _check_first(self, xs, ys) -> None:
         """Errors before any training: the model's input size and the labels' range."""
-        if not self.model.states(brainstate.HiddenState):
-            brainstate.nn.init_all_states(self.model, batch_size=xs.shape[1])
         out = self._outputs(xs[:1])
         if self.loss_fn is cross_entropy:
             check_labels(np.asarray(ys), int(out.shape[-1]))
 
-    def _logs(self, outputs, ys, weight, prefix: str = "") -> dict[str, float]:
-        logs = {}
-        for name, fn in self.metric_fns.items():
-            per_step = jax.vmap(fn)(outputs, ys)  # (T, B)
-            logs[prefix + name] = float(jnp.sum(weight * per_step) / weight.shape[1])
-        return logs
+    def _metrics(self, outputs, ys, weight) -> dict[str, jax.Array]:
+        """Each metric placed like the loss (traceable: runs inside the jitted step)."""
+        return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1]
+                for name, fn in self.metric_fns.items()}
 
     # ------------------------------------------------------------------ public
     def fit(
@@ -231,12 +248,14 @@ class Trainer:
             (x, y), validation_data = split_validation(x, y, validation_split)
         if is_array:
             check_finite(x)
+        self.sample_input = None
         if isinstance(validation_data, tuple) and len(validation_data) in (2, 3) and hasattr(validation_data[0], "shape"):
             check_finite(validation_data[0], "validation x")
+            if len(validation_data[0]):
+                first = np.asarray(validation_data[0][:, 0] if self.time_major else validation_data[0][0])
+                self.sample_input = first
         self.stop_training = False
         params = self._params()
-        if self.opt_state is None and self.update_every is None:
-            self._init_optimizer({format_path(path): state.value for path, state in params.items()})
         callbacks = list(callbacks or [])
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
             total = None
@@ -266,6 +285,8 @@ class Trainer:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
                     self._check_first(xs, ys)
+                    if self.sample_input is None:
+                        self.sample_input = np.asarray(xs[:, 0])
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
                 loss, logs = self._train_batch(params, xs, ys, weight)
                 hooks.on_train_batch_end(step, {"loss": loss, **logs})
@@ -292,36 +313,77 @@ class Trainer:
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
 
+    def _compiled(self, xs, ys, weight):
+        with warnings.catch_warnings():
+            warnings.simplefilter("once", UserWarning)
+            compiled = compile_sequence(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
+                                        decay=self.decay, memory_budget=self.memory_budget)
+        if self._plan is None:
+            self._plan = (compiled.graph, compiled.plan)
+        return compiled
+
+    def _build_step(self, compiled):
+        """The whole training step over one batch as one pure function (jitted once
+        per compiled program, i.e. per input shape)."""
+        program, optimizer = compiled.program, self.optimizer
+        paths = {format_path(s.path): s.path for s in compiled.module.weights}
+        pair_names = [format_path(p.relation.operands[0].path) for p in program.pairs]
+        every = self.update_every
+
+        def collected_logs(losses, collected, ys, weight):
+            norms = {}
+            for name, norm in zip(pair_names, collected.trace_norms):
+                norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
+            return losses.sum(), self._metrics(collected.outputs, ys, weight), norms
+
+        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight):
+            weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
+            if every is None:
+                grad_leaves, losses, final, collected = program.run(weights, state_leaves, xs_leaves, (ys, weight),
+                                                                    collect=True)
+                read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
+                grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
+                         for name, value in values.items()}
+                updates, opt_state = optimizer.update(grads, opt_state, values)
+                new_values = optax.apply_updates(values, updates)
+            else:  # the optimizer runs inside the scan; its state is over the weight leaves
+                weights, opt_state, losses, final, collected = program.run_with_updates(
+                    weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True)
+                new_values = dict(values)
+                new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
+                grads = None
+            return (new_values, opt_state, final, grads, *collected_logs(losses, collected, ys, weight))
+
+        return jax.jit(train_step)
+
     def _train_batch(self, params, xs, ys, weight) -> tuple[float, dict[str, float]]:
         brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
         values = {format_path(path): state.value for path, state in params.items()}
-        logs = self._logs(self._outputs(xs), ys, weight) if self.metric_fns else {}
-        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
-        with warnings.catch_warnings():
-            warnings.simplefilter("once", UserWarning)
-            if self.update_every is None:
-                if self.opt_state is None:
-                    self._init_optimizer(values)
-                if self._plan is None:
-                    self._plan = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
-                                          decay=self.decay)
-                grads, losses = sequence_grad(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
-                                              decay=self.decay)
-                grads = {format_path(path): grad for path, grad in grads.items()}
-                new_values, self.opt_state = self._apply(grads, self.opt_state, values)
-                for path, state in params.items():
-                    state.value = new_values[format_path(path)]
-            else:
-                if self._plan is None:
-                    self._plan = plan_for(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
-                                          decay=self.decay)
-                if self.opt_state is None:  # online_fit's layout: the compiled step's weight leaves
-                    graph = self._plan[0]
-                    self._init_optimizer([leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)])
-                self.opt_state, losses = online_fit(self.model, xs, (ys, weight), self._step_loss, self.optimizer,
-                                                    self.opt_state, update_every=self.update_every, algo=self.algo,
-                                                    decay=self.decay)
-        return float(losses.sum()), logs
+        compiled = self._compiled(xs, ys, weight)
+        if self.opt_state is None:
+            self._init_optimizer(values if self.update_every is None else compiled.weight_leaves())
+        entry = self._steps.get(id(compiled.program))
+        if entry is None:
+            entry = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
+        new_values, self.opt_state, final, grads, loss, logs, norms = entry[1](
+            values, self.opt_state, compiled.state_leaves(), jax.tree.leaves(xs), ys, weight)
+        for path, state in params.items():
+            state.value = new_values[format_path(path)]
+        compiled.write_states(final)
+        self.last_gradients, self.last_trace_norms = grads, norms
+        return float(loss), {k: float(v) for k, v in logs.items()}
+
+    def _build_eval_step(self):
+        model, loss_fn = self.model, self.loss_fn
+
+        @brainstate.transform.jit
+        def eval_step(xs, ys, weight):
+            brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+            outputs = brainstate.transform.for_loop(model, xs)
+            per_step = jax.vmap(loss_fn)(outputs, ys)
+            return {"loss": jnp.sum(weight * per_step) / weight.shape[1], **self._metrics(outputs, ys, weight)}
+
+        return eval_step
 
     def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
@@ -335,9 +397,10 @@ class Trainer:
         for step, batch in enumerate(batches(x, y, batch_size=batch_size, shuffle=False)):
             hooks.on_test_batch_begin(step, {})
             xs, ys, weight = self._time_major(batch)
-            outputs = self._outputs(xs)
-            per_step = jax.vmap(self.loss_fn)(outputs, ys)
-            logs = {"loss": float(jnp.sum(weight * per_step) / weight.shape[1]), **self._logs(outputs, ys, weight)}
+            self._ensure_states(xs.shape[1])
+            if self._eval_step is None:
+                self._eval_step = self._build_eval_step()
+            logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight).items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
@@ -350,6 +413,43 @@ class Trainer:
                  ) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
         return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
+
+    def spiking_layers(self) -> dict[str, Any]:
+        """The model's layers with a ``spikes()`` method (LIF, ALIF, spiking readouts), by path."""
+        return {format_path(path): node for path, node in self.model.nodes().items()
+                if callable(getattr(node, "spikes", None))}
+
+    def record_spikes(self, x: Any) -> dict[str, np.ndarray]:
+        """Run one input sequence ``x`` of shape ``(T, features...)`` from reset states
+        and return every spiking layer's spikes, ``{path: (T, *size)}`` of 0 / 1.
+
+        ``ConfigError`` if the model has no spiking layer. The model's hidden states
+        are left at batch size 1; the next ``fit`` / ``evaluate`` batch resets them.
+        """
+        layers = self.spiking_layers()
+        if not layers:
+            raise ConfigError(f"record_spikes: the model ({type(self.model).__name__}) has no spiking layer "
+                              "(a layer with a spikes() method such as LIF or ALIF)")
+        x = jnp.asarray(x)
+        if x.ndim < 2:
+            raise ShapeError(f"record_spikes: x must be one sequence (time, features...), got shape {tuple(x.shape)}")
+        self._ensure_states(1)
+        if self._recorder is None:
+            model = self.model
+
+            @brainstate.transform.jit
+            def record(xs):
+                brainstate.nn.reset_all_states(model, batch_size=1)
+
+                def step(x_t):
+                    model(x_t)
+                    return {name: layer.spikes() for name, layer in layers.items()}
+
+                return brainstate.transform.for_loop(step, xs)
+
+            self._recorder = record
+        spikes = self._recorder(x[:, None])
+        return {name: np.asarray(value[:, 0]) for name, value in spikes.items()}
 
     def report(self) -> str:
         """The compile report with the rule chosen per weight and its trace memory
@@ -445,7 +545,8 @@ class Trainer:
         history saved at ``path``. The optimizer itself is code, not data: pass the same
         one (default ``optax.adam(1e-3)``)."""
         manifest, _ = checkpoint.read_checkpoint(path)
-        config = {k: v for k, v in manifest["config"].items() if v is not None or k in ("decay", "update_every", "grad_clip")}
+        nullable = ("decay", "update_every", "grad_clip", "memory_budget")
+        config = {k: v for k, v in manifest["config"].items() if v is not None or k in nullable}
         config.update(overrides)
         trainer = cls(model, optimizer=optimizer, **config)
         trainer.restore(path)

@@ -244,5 +244,36 @@ def test_tensorboard_writes_the_expected_tags(tmp_path):
                 "epoch/sequences_per_second", "batch/loss"):
         assert (tag, "simple_value") in tags, tag
     assert ("weights/layers.0.weight/weight", "histo") in tags
+    assert ("gradients/layers.0.weight/weight", "histo") in tags
+    assert ("trace_norms/layers.0.weight", "histo") in tags
+    assert ("spikes/layers.1", "image") in tags  # the LIF layer's raster of a validation sample
     assert any(tag.startswith("compile_report") for tag, _ in tags)
     assert "hybrid" in trainer.report() or "d_rtrl" in trainer.report()
+
+
+def test_tensorboard_raster_is_the_recorded_spikes_of_a_validation_sample(tmp_path):
+    import io
+
+    from PIL import Image
+    from tensorboardX.proto import event_pb2
+
+    from etrace_fit.callbacks import TensorBoard
+
+    x, y = _data(16)
+    trainer = _trainer()
+    trainer.fit(x, y, batch_size=4, epochs=1, validation_data=(x[12:], y[12:]), verbose=0,
+                callbacks=[TensorBoard(str(tmp_path), histogram_freq=0, raster_freq=1)])
+    images = []
+    for path in tmp_path.rglob("*tfevents*"):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            length = int.from_bytes(data[offset:offset + 8], "little")
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            images += [v.image for v in event.summary.value if v.tag == "spikes/layers.1"]
+    assert len(images) == 1
+    raster = np.asarray(Image.open(io.BytesIO(images[0].encoded_image_string)).convert("L"))
+    expected = trainer.record_spikes(x[12])["layers.1"]  # (T, H): the first validation sample
+    assert raster.shape == (H, T)
+    np.testing.assert_array_equal(raster > 127, expected.T > 0)
+    assert not any(t for t, _ in _read_events(tmp_path) if t.startswith(("weights/", "gradients/")))

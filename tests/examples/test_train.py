@@ -1,4 +1,4 @@
-"""The README's main job trains online: accuracy clearly beats chance, as with BPTT."""
+"""examples/train.py (the Trainer API spelled out) learns: accuracy clearly beats chance, as with BPTT."""
 
 import importlib.util
 import pathlib
@@ -18,9 +18,9 @@ def _main():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["hybrid", "bptt"])
-def test_main_job_learns_the_task(algo):
+def test_example_learns_the_task(algo, tmp_path):
     try:
-        accuracy = _main()(["--algo", algo, "--epochs", "3", "--seed", "0"])
+        accuracy = _main()(["--algo", algo, "--epochs", "3", "--seed", "0", "--logdir", str(tmp_path)])
     finally:
         brainstate.environ.pop("dt")
     assert accuracy > 0.8

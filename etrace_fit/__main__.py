@@ -1,0 +1,7 @@
+"""``python -m etrace_fit`` is the ``etrace-fit`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,87 @@
+"""The ``etrace-fit`` command: ``tasks``, ``train`` on a small run, its errors, and the
+full demo reaching the README's promise (slow)."""
+
+import subprocess
+import sys
+from importlib import metadata
+
+import brainstate
+import pytest
+
+from etrace_fit.cli import TASKS, main
+
+
+@pytest.fixture
+def restore_dt():
+    yield
+    if "dt" in brainstate.environ.all():
+        brainstate.environ.pop("dt")
+
+
+def test_tasks_lists_every_built_in_task(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    for name in TASKS:
+        assert name in out
+    assert "T=230, C=40" in out and "ALIF(200)" in out
+
+
+def test_a_short_train_prints_the_accuracy_and_where_the_logs_are(tmp_path, capsys, restore_dt):
+    code = main(["train", "--task", "rate", "--epochs", "1", "--samples", "64", "--batch-size", "16",
+                 "--logdir", str(tmp_path), "--verbose", "0", "--seed", "3"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "validation accuracy" in out and "after 1 epochs" in out and "algo hybrid" in out
+    assert "layers.0.weight d_rtrl" in out  # the budget moved the dense weight to D-RTRL
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("rate-hybrid-seed3-")
+    assert f"TensorBoard logs: {runs[0]}" in out
+    assert any("tfevents" in p.name for p in runs[0].iterdir())
+
+
+def test_logdir_none_writes_no_logs(tmp_path, capsys, restore_dt, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", "none",
+                 "--verbose", "0", "--algo", "bptt"]) == 0
+    out = capsys.readouterr().out
+    assert "TensorBoard" not in out and "algo bptt" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--epochs", "0"], "--epochs must be positive"),
+    (["train", "--task", "mnist"], "invalid choice: 'mnist'"),
+    (["train", "--algo", "rtrl"], "invalid choice: 'rtrl'"),
+    (["train", "--lr", "-1"], "--lr must be positive"),
+    ([], "required"),
+])
+def test_bad_arguments_exit_with_usage(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_a_bad_memory_budget_is_reported_without_a_traceback(capsys, restore_dt, tmp_path):
+    code = main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", str(tmp_path),
+                 "--memory-budget", "plenty", "--verbose", "0"])
+    assert code == 2
+    assert "ConfigError: memory_budget must be bytes" in capsys.readouterr().err
+
+
+def test_python_dash_m_and_the_console_script_entry_point():
+    result = subprocess.run([sys.executable, "-m", "etrace_fit", "tasks"], capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "evidence" in result.stdout
+    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts")}
+    assert scripts.get("etrace-fit") == "etrace_fit.cli:main"
+
+
+@pytest.mark.slow
+def test_the_demo_reaches_90_percent_validation_accuracy(tmp_path, capsys, restore_dt):
+    """The README's main command, `etrace-fit train`, with its defaults."""
+    assert main(["train", "--logdir", str(tmp_path), "--verbose", "0"]) == 0
+    out = capsys.readouterr().out
+    accuracy = float(out.split("validation accuracy ")[1].split()[0])
+    assert accuracy >= 0.9, out

@@ -1,0 +1,176 @@
+"""The Trainer's training step: one jitted call per batch that applies the right
+gradient, compiles once per input shape, and reports gradients, trace norms and spikes."""
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import ConfigError, ShapeError
+
+from _shared_reference import PSEUDO_DERIVATIVES, spike_function
+
+C, H, T = 5, 12, 20
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        yield
+
+
+def _data(n, seed=0):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
+
+
+def _model(seed=0, cell=L.LIF):
+    rng = np.random.default_rng(seed)
+    return ef.Sequential(
+        L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)),
+        cell(H, tau=10.0),
+        L.LeakyRateReadout(H, 2, tau=10.0, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)),
+    )
+
+
+def _reference_loss_and_grad(weights, x, y):
+    """Mean cross-entropy at the last step of Linear → LIF (triangle surrogate, soft
+    reset, membrane stored before reset) → leaky readout, written from the layer
+    equations, differentiated by jax.grad through lax.scan."""
+    spike = spike_function(PSEUDO_DERIVATIVES["triangle"])
+    decay = np.exp(-1.0 / 10.0)
+
+    def loss(w):
+        w_in, w_out = w["layers.0.weight"]["weight"], w["layers.2.weight"]["weight"]
+
+        def step(carry, x_t):
+            v, r = carry
+            z_prev = spike(v - 1.0)
+            v = decay * (v - z_prev) + x_t @ w_in
+            z = spike(v - 1.0)
+            r = decay * r + z @ w_out
+            return (v, r), None
+
+        xs = jnp.swapaxes(x, 0, 1)
+        (_, r), _ = jax.lax.scan(step, (jnp.zeros((x.shape[0], H)), jnp.zeros((x.shape[0], 2))), xs)
+        return optax.softmax_cross_entropy_with_integer_labels(r, y).mean()
+
+    return jax.value_and_grad(loss)(weights)
+
+
+def test_one_sgd_step_applies_the_exact_bptt_gradient():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.5), metrics=())
+    before = {k: {"weight": v["weight"]} for k, v in ((".".join(map(str, p)), s.value)
+                                                       for p, s in trainer.model.states(brainstate.ParamState).items())}
+    loss, grads = _reference_loss_and_grad(before, jnp.asarray(x), jnp.asarray(y))
+    history = trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    np.testing.assert_allclose(history.history["loss"][0], loss, rtol=1e-5)
+    for name in ("layers.0.weight", "layers.2.weight"):
+        np.testing.assert_allclose(trainer.last_gradients[name]["weight"], grads[name]["weight"], rtol=1e-4, atol=1e-7)
+        after = trainer.model.states(brainstate.ParamState)[tuple(int(p) if p.isdigit() else p
+                                                                  for p in name.split("."))].value["weight"]
+        np.testing.assert_allclose(after, before[name]["weight"] - 0.5 * grads[name]["weight"], rtol=1e-5, atol=1e-6)
+    assert trainer.last_trace_norms == {}  # BPTT keeps no traces
+
+
+def test_each_batch_is_one_call_and_each_shape_compiles_once():
+    """20 samples in batches of 8: shapes 8, 8, 4. Epochs after the first compile nothing."""
+    x, y = _data(20)
+    xv, yv = _data(6, seed=1)
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    calls = {"step": 0, "forward": 0}
+    build, outputs = trainer._build_step, trainer._outputs
+
+    def counting_build(compiled):
+        step = build(compiled)
+
+        def counted(*args):
+            calls["step"] += 1
+            return step(*args)
+
+        return counted
+
+    def counting_outputs(xs):
+        calls["forward"] += 1
+        return outputs(xs)
+
+    trainer._build_step, trainer._outputs = counting_build, counting_outputs
+    compiles = []
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    class Marks(ef.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            compiles.append(count[0])
+
+        def on_epoch_end(self, epoch, logs=None):
+            compiles.append(count[0])
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.fit(x, y, batch_size=8, epochs=3, validation_data=(xv, yv), verbose=0, callbacks=[Marks()])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert calls["step"] == 9  # one call per batch, 3 batches x 3 epochs
+    assert calls["forward"] == 1  # the shape check before the first batch only
+    assert len(trainer._steps) == 2  # one compiled step per batch shape (8 and 4)
+    assert compiles[1] > compiles[0]  # the first epoch compiled ...
+    assert compiles[2:] == [compiles[1]] * 4, compiles  # ... and later epochs reuse it all
+
+
+@pytest.mark.parametrize("algo", ["hybrid", "esd_rtrl", "d_rtrl"])
+def test_gradients_and_trace_norms_of_the_last_batch_are_kept(algo):
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo=algo)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert set(trainer.last_gradients) == {"layers.0.weight", "layers.2.weight"}
+    assert set(trainer.last_trace_norms) == {"layers.0.weight", "layers.2.weight"}
+    for norms in trainer.last_trace_norms.values():
+        assert norms.shape == (8,) and np.all(np.isfinite(norms)) and np.all(np.asarray(norms) > 0)
+    assert float(jnp.abs(trainer.last_gradients["layers.0.weight"]["weight"]).sum()) > 0
+
+
+def test_with_update_every_there_is_no_batch_gradient_but_trace_norms_remain():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), update_every=5)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert trainer.last_gradients is None
+    assert set(trainer.last_trace_norms) == {"layers.0.weight", "layers.2.weight"}
+
+
+def test_a_memory_budget_reaches_the_plan_and_is_checked_early():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), memory_budget="1MiB")
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert "budget 1.0 MiB" in trainer.report()
+    with pytest.raises(ConfigError, match="memory_budget"):
+        ef.Trainer(_model(), memory_budget="a lot")
+
+
+@pytest.mark.parametrize("cell", [L.LIF, L.ALIF])
+def test_record_spikes_matches_the_spikes_the_model_emits(cell):
+    x, y = _data(4)
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), cell(H, tau=10.0))
+    trainer = ef.Trainer(model, loss="mse", metrics=())
+    spikes = trainer.record_spikes(x[1])
+    assert list(spikes) == ["layers.1"] and spikes["layers.1"].shape == (T, H)
+    emitted = trainer.predict(x, batch_size=4, last_only=False)[1]  # the model's output is the spike train
+    np.testing.assert_array_equal(spikes["layers.1"], emitted)
+    assert 0 < spikes["layers.1"].sum() < T * H
+
+
+def test_record_spikes_errors():
+    trainer = ef.Trainer(ef.Sequential(L.Linear(C, 2)), loss="mse", metrics=())
+    with pytest.raises(ConfigError, match="no spiking layer"):
+        trainer.record_spikes(np.zeros((T, C), np.float32))
+    with pytest.raises(ShapeError, match="one sequence"):
+        ef.Trainer(_model()).record_spikes(np.zeros((C,), np.float32))
