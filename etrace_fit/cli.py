@@ -152,22 +152,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                           callbacks=callbacks, verbose=args.verbose)
     seconds = time.perf_counter() - start
     accuracy = history.history["val_accuracy"][-1]
-    rules = _rules(trainer)
+    rules = ", ".join(f"{path} {rule}" for path, rule in trainer.rules.items())
     print(f"validation accuracy {accuracy:.3f} after {len(history.epoch)} epochs in {seconds:.0f} s "
           f"(algo {args.algo}{': ' + rules if rules else ''})")
     if logdir is not None:
         print(f"TensorBoard logs: {logdir}  (view with: tensorboard --logdir {args.logdir})")
     return {"accuracy": accuracy, "seconds": seconds, "logdir": logdir, "history": history.history,
             "trainer": trainer}
-
-
-def _rules(trainer: Trainer) -> str:
-    plan = trainer._plan[1] if trainer._plan is not None else None
-    if plan is None:
-        return ""
-    from .compiler import format_path
-
-    return ", ".join(f"{format_path(p.relation.weight_path)} {r.name}" for p, r in zip(plan.pairs, plan.rules))
 
 
 def tasks() -> None:

@@ -451,6 +451,15 @@ class Trainer:
         spikes = self._recorder(x[:, None])
         return {name: np.asarray(value[:, 0]) for name, value in spikes.items()}
 
+    @property
+    def rules(self) -> dict[str, str]:
+        """The rule per traced weight path (``{"layers.0.weight": "d_rtrl", ...}``) of
+        the plan compiled on the first training batch; empty for BPTT or before ``fit``."""
+        plan = None if self._plan is None else self._plan[1]
+        if plan is None:
+            return {}
+        return {format_path(p.relation.weight_path): r.name for p, r in zip(plan.pairs, plan.rules)}
+
     def report(self) -> str:
         """The compile report with the rule chosen per weight and its trace memory
         (available once ``fit`` has seen a batch)."""

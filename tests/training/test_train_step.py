@@ -75,7 +75,7 @@ def test_one_sgd_step_applies_the_exact_bptt_gradient():
         after = trainer.model.states(brainstate.ParamState)[tuple(int(p) if p.isdigit() else p
                                                                   for p in name.split("."))].value["weight"]
         np.testing.assert_allclose(after, before[name]["weight"] - 0.5 * grads[name]["weight"], rtol=1e-5, atol=1e-6)
-    assert trainer.last_trace_norms == {}  # BPTT keeps no traces
+    assert trainer.last_trace_norms == {} and trainer.rules == {}  # BPTT keeps no traces
 
 
 def test_each_batch_is_one_call_and_each_shape_compiles_once():
@@ -151,6 +151,7 @@ def test_a_memory_budget_reaches_the_plan_and_is_checked_early():
     trainer = ef.Trainer(_model(), memory_budget="1MiB")
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert "budget 1.0 MiB" in trainer.report()
+    assert trainer.rules == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
     with pytest.raises(ConfigError, match="memory_budget"):
         ef.Trainer(_model(), memory_budget="a lot")
 
