@@ -252,8 +252,7 @@ class Trainer:
         if isinstance(validation_data, tuple) and len(validation_data) in (2, 3) and hasattr(validation_data[0], "shape"):
             check_finite(validation_data[0], "validation x")
             if len(validation_data[0]):
-                first = np.asarray(validation_data[0][:, 0] if self.time_major else validation_data[0][0])
-                self.sample_input = first
+                self.sample_input = np.asarray(validation_data[0][:, 0] if self.time_major else validation_data[0][0])
         self.stop_training = False
         params = self._params()
         callbacks = list(callbacks or [])
@@ -327,7 +326,7 @@ class Trainer:
         per compiled program, i.e. per input shape)."""
         program, optimizer = compiled.program, self.optimizer
         paths = {format_path(s.path): s.path for s in compiled.module.weights}
-        pair_names = [format_path(p.relation.operands[0].path) for p in program.pairs]
+        pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
         every = self.update_every
 
         def collected_logs(losses, collected, ys, weight):

@@ -209,27 +209,24 @@ def test_progress_bar_shows_loss_and_throughput(capsys):
         assert key in err
 
 
-def _read_events(folder):
-    """Every (tag, kind) in the TFRecord event files under ``folder``."""
+def _events(folder):
+    """Every event in the TFRecord event files under ``folder``."""
+    import pathlib
     import struct
 
     from tensorboardX.proto import event_pb2
 
-    found = set()
-    for root, _, files in __import__("os").walk(folder):
-        for name in files:
-            if "tfevents" not in name:
-                continue
-            data = open(__import__("os").path.join(root, name), "rb").read()
-            offset = 0
-            while offset < len(data):
-                (length,) = struct.unpack("<Q", data[offset:offset + 8])
-                event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-                offset += 12 + length + 4
-                for value in event.summary.value:
-                    kind = value.WhichOneof("value")
-                    found.add((value.tag, kind))
-    return found
+    for path in pathlib.Path(folder).rglob("*tfevents*"):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            yield event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+
+
+def _read_events(folder):
+    """Every (tag, kind) in the event files under ``folder``."""
+    return {(value.tag, value.WhichOneof("value")) for event in _events(folder) for value in event.summary.value}
 
 
 def test_tensorboard_writes_the_expected_tags(tmp_path):
@@ -255,7 +252,6 @@ def test_tensorboard_raster_is_the_recorded_spikes_of_a_validation_sample(tmp_pa
     import io
 
     from PIL import Image
-    from tensorboardX.proto import event_pb2
 
     from etrace_fit.callbacks import TensorBoard
 
@@ -263,14 +259,7 @@ def test_tensorboard_raster_is_the_recorded_spikes_of_a_validation_sample(tmp_pa
     trainer = _trainer()
     trainer.fit(x, y, batch_size=4, epochs=1, validation_data=(x[12:], y[12:]), verbose=0,
                 callbacks=[TensorBoard(str(tmp_path), histogram_freq=0, raster_freq=1)])
-    images = []
-    for path in tmp_path.rglob("*tfevents*"):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            length = int.from_bytes(data[offset:offset + 8], "little")
-            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            images += [v.image for v in event.summary.value if v.tag == "spikes/layers.1"]
+    images = [v.image for event in _events(tmp_path) for v in event.summary.value if v.tag == "spikes/layers.1"]
     assert len(images) == 1
     raster = np.asarray(Image.open(io.BytesIO(images[0].encoded_image_string)).convert("L"))
     expected = trainer.record_spikes(x[12])["layers.1"]  # (T, H): the first validation sample
