@@ -6,15 +6,16 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 """
 
 from . import algorithms, compiler, errors, layers, ops
-from .algorithms import online_fit, sequence_grad
+from .algorithms import gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
-from .errors import CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
+from .errors import ApproximationWarning, CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
 from .training import History, Trainer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApproximationWarning",
     "CheckpointError",
     "CompilationError",
     "ConfigError",
@@ -29,6 +30,7 @@ __all__ = [
     "compile_graph",
     "compiler",
     "errors",
+    "gradient_fidelity",
     "layers",
     "online_fit",
     "ops",

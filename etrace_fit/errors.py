@@ -6,7 +6,7 @@ op, layer, state or argument involved, what was expected and what came.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CompilationError", "ConfigError", "EtraceError", "ShapeError"]
+__all__ = ["ApproximationWarning", "CheckpointError", "CompilationError", "ConfigError", "EtraceError", "ShapeError"]
 
 
 class EtraceError(Exception):
@@ -27,3 +27,9 @@ class CompilationError(EtraceError):
 
 class CheckpointError(EtraceError):
     """A checkpoint is missing, corrupted, or does not match the model."""
+
+
+class ApproximationWarning(UserWarning):
+    """A weight's online gradient is approximate (not equal to BPTT's); the message
+    names the weight and says why. Silence it with
+    ``warnings.simplefilter("ignore", ApproximationWarning)``."""

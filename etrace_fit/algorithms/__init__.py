@@ -8,6 +8,7 @@ a small object with ``init_traces`` and ``step`` over a canonical form of the si
 from .base import PairSignals, Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
+from .fidelity import WeightFidelity, gradient_fidelity
 from .hybrid import Plan, make_plan
 from .sequence import CompiledSequence, compile_sequence, online_fit, plan_for, sequence_grad
 
@@ -19,7 +20,9 @@ __all__ = [
     "Plan",
     "Rule",
     "TracedPair",
+    "WeightFidelity",
     "compile_sequence",
+    "gradient_fidelity",
     "make_plan",
     "online_fit",
     "plan_for",

@@ -8,10 +8,13 @@ one canonical form so a rule is written once:
                         with a column of ones appended when the op has a bias
     D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1}
     Df (B, P, O, S)     ∂h^t/∂y^t per unit
-    G  (B, P, O, S)     the learning signal ∂L^t/∂h^t
+    G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (DESIGN.md §5.8)
 
-and a rule returns the gradient with respect to the *effective* weight ``(K, O)`` (the
-op's weight after its weight function, with the bias as row ``K-1``). Read
+and a rule returns the *history part* of the step's gradient — ``G`` contracted with
+its traces of step ``t-1`` — with respect to the *effective* weight ``(K, O)`` (the
+op's weight after its weight function, with the bias as row ``K-1``), then advances its
+traces with ``X``, ``D`` and ``Df``. The exact one-step part comes from the step's
+pull-back, for every weight alike. Read
 ``d_rtrl.py`` for the simplest rule, ``online.py`` for how signals are produced.
 """
 
@@ -43,7 +46,7 @@ class Rule(Protocol):
     """An online learning rule in the optax spirit: pure functions over a trace pytree.
 
     ``init_traces(pair, batch, dtype)`` returns zero traces; ``step(traces, signals, t)``
-    returns ``(gradient (K, O) of this step, new traces)``; ``trace_bytes(pair, batch,
+    returns ``(history part (K, O) of this step's gradient, new traces)``; ``trace_bytes(pair, batch,
     itemsize)`` says how much memory the traces take; ``trace_norm(traces, t)`` is the
     Frobenius norm per sample ``(B,)`` of the eligibility trace the rule stands for
     (what ``G`` is contracted with), for dashboards. ``t`` counts steps since the last

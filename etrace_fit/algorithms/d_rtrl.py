@@ -1,10 +1,12 @@
 """D-RTRL (DESIGN.md §5.1): the diagonal RTRL trace, the size of the weight.
 
     ε[b,p,k,o,s]^t = Σ_s' D[b,p,o,s,s']^t ε[b,p,k,o,s']^{t-1} + Df[b,p,o,s]^t X[b,p,k]^t
-    ∂L^t/∂W[k,o] ≈ Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,k,o,s]^t
+    history part of ∂L^t/∂W[k,o] = Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,k,o,s]^{t-1}
 
-Exact (equal to BPTT) for weights into a layer whose only recurrence is per unit and
-that a stateless layer reads out. Memory ``B·P·K·O·S``.
+with ``G = ∂L^t/∂h^{t-1}`` (DESIGN.md §5.8; the exact one-step part comes from the
+step's pull-back). Exact (equal to BPTT) for weights into a layer whose only
+recurrence is per unit and whose influence on later losses runs only through its own
+hidden group, whatever the output reads. Memory ``B·P·K·O·S``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class DRTRL:
         # batched matmul (3.5x slower per step on CPU, B=32, K=41, O=100, S=2).
         carried = sum(D[:, :, None, :, :, r] * traces[:, :, :, :, None, r] for r in range(traces.shape[-1]))
         new = (carried + X[:, :, :, None, None] * Df[:, :, None, :, :]).astype(dtype)
-        grad = jnp.einsum("bpos,bpkos->ko", G, new)
+        grad = jnp.einsum("bpos,bpkos->ko", G, traces)
         return grad, new
 
     def trace_norm(self, traces: jax.Array, t: jax.Array) -> jax.Array:

@@ -2,10 +2,11 @@
 
     ε_x^t = α ε_x^{t-1} + X^t
     ε_f^t = D^t ε_f^{t-1} + (1 − α) Df^t          (D over the state axis)
-    ∂L^t/∂W[k,o] ≈ Σ_{b,p} ε_x[b,p,k]^t Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^t / (1 − α^{t+1})
+    history part of ∂L^t/∂W[k,o] ≈ Σ_{b,p} ε_x[b,p,k]^{t-1} Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^{t-1} / (1 − α^t)
 
-Memory ``B·P·(K + O·S)``. Exact at ``t = 0`` and, at every step, on a leaky linear
-integrator whose Jacobian is the constant ``α``.
+with ``G = ∂L^t/∂h^{t-1}`` (DESIGN.md §5.8): zero at ``t = 0``, where the step's exact
+one-step gradient is the whole gradient. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
+and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ class ESDRTRL:
         X, D, Df, G = signals
         eps_x, eps_f = traces
         alpha = self.alpha
+        dtype = jnp.promote_types(G.dtype, jnp.float32)
+        # The traces of step t-1 stand for ε^{t-1} with the bias correction 1 − α^t;
+        # at t = 0 they are zero and so is the history part (no division by zero).
+        correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
+        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction
         carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
         eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
         eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
-        dtype = jnp.promote_types(G.dtype, jnp.float32)
-        correction = 1.0 - jnp.asarray(alpha, dtype) ** (t.astype(dtype) + 1.0)
-        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction
         return grad, (eps_x, eps_f)
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from ..compiler import ETraceGraph, format_path
+from ..compiler import DiagnosticKind, ETraceGraph, format_path
 from ..errors import ConfigError
 from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
@@ -26,6 +26,17 @@ from .esd_rtrl import ESDRTRL
 __all__ = ["ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
 
 ONLINE_RULES = ("d_rtrl", "esd_rtrl", "hybrid")
+
+# Compiler records after which a weight's online gradient is not BPTT's.
+_APPROXIMATE_KINDS = (
+    DiagnosticKind.APPROXIMATE,
+    DiagnosticKind.PARTIAL_PATH,
+    DiagnosticKind.EXCLUDED_WEIGHT_TO_WEIGHT,
+    DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
+    DiagnosticKind.EXCLUDED_NO_PARAM_STATE,
+    DiagnosticKind.IN_CONTROL_FLOW,
+    DiagnosticKind.NOT_TRACED,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +59,42 @@ class Plan:
         return tuple(rule.name for pair, rule in zip(self.pairs, self.rules)
                      if weight_path in (pair.relation.weight_path, format_path(pair.relation.weight_path)))
 
+    def approximations(self) -> dict[str, tuple[str, ...]]:
+        """``{weight path: reasons}`` for every weight whose online gradient under this
+        plan is not BPTT's (a weight not listed gets the exact gradient): what the
+        compiler found (a path through a later layer's memory, dense recurrence,
+        weight-to-weight, an untraced use) and ES-D-RTRL's factorisation."""
+        found: dict[str, list[str]] = {}
+        for record in self.graph.diagnostics:
+            if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None:
+                found.setdefault(format_path(record.weight_path), []).append(record.message)
+        for pair, rule in zip(self.pairs, self.rules):
+            if rule.name == "esd_rtrl" and pair.kind != "elementwise":
+                found.setdefault(format_path(pair.relation.weight_path), []).append(
+                    f"ES-D-RTRL factorises its trace into input and output parts (exact only where "
+                    f"{pair.group.name}'s Jacobian is the constant decay {rule.alpha:g}; biases are exact)")
+        return {path: tuple(dict.fromkeys(reasons)) for path, reasons in found.items()}
+
     def report(self) -> str:
-        """The compile report followed by a table of the rule per traced pair and its trace memory."""
-        rows = [("weight", "primitive", "hidden group", "rule", "trace memory")]
+        """The compile report followed by a table of the rule per traced pair, its trace
+        memory and whether the weight's gradient is exact, then the reasons for every
+        approximate one."""
+        approximate = self.approximations()
+        rows = [("weight", "primitive", "hidden group", "rule", "trace memory", "gradient")]
         for pair, rule, size in zip(self.pairs, self.rules, self.trace_bytes()):
-            rows.append((format_path(pair.relation.weight_path), pair.relation.primitive, pair.group.name,
-                         rule.name, _bytes(size)))
+            name = format_path(pair.relation.weight_path)
+            rows.append((name, pair.relation.primitive, pair.group.name, rule.name, _bytes(size),
+                         "approximate" if name in approximate else "exact"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "-+-".join("-" * w for w in widths))
         total = _bytes(sum(self.trace_bytes()))
         budget = "" if self.memory_budget is None else f", budget {_bytes(self.memory_budget)}"
+        why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
         return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
-                f"{jnp.dtype(self.trace_dtype).name}, total {total}{budget}):\n" + "\n".join(lines))
+                f"{jnp.dtype(self.trace_dtype).name}, total {total}{budget}):\n" + "\n".join(lines)
+                + (f"\n\napproximate online gradients (compare with BPTT: ef.gradient_fidelity):{why}"
+                   if approximate else "\n\nevery weight gets its exact (BPTT) gradient"))
 
 
 def _bytes(n: int) -> str:

@@ -1,13 +1,12 @@
 """The online step (DESIGN.md §5.6) and the scan over a sequence.
 
-At every step: run the step forward with a perturbation added to each new hidden
-value (``ĥ + p``); one pull-back of the step loss gives ``∂L/∂p`` and every weight's
-one-step gradient (``h^{t-1}`` held). Untraced weights keep that one-step gradient;
-the learning signal ``g`` is ``∂L/∂p`` less the within-group paths the traces already
-carry (``compiler.group_signal_correction``). ``D`` and ``Df`` come from one
-linearisation of the step with the related ops' outputs as inputs; each pair's rule
-updates its traces and returns its gradient. Read ``sequence.py`` for the public entry
-point.
+At every step (DESIGN.md §5.8): run the step forward as a function of the weights and
+the previous hidden values ``h^{t-1}``; one pull-back of the step loss gives every
+weight's exact one-step gradient ``∂L^t/∂θ|h^{t-1}`` and the learning signal
+``∂L^t/∂h^{t-1}``, which each pair's rule contracts with its traces of step ``t-1``
+(the history part) before advancing them. ``D`` and ``Df`` come from one linearisation
+of the step with the related ops' outputs as inputs. Read ``sequence.py`` for the
+public entry point.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ import optax
 from jax import lax
 
 from .. import _compat
-from ..compiler import ETraceGraph, group_jacobian, group_signal_correction, hidden_outputs
-from ..compiler.perturbation import add_output_perturbations
+from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
@@ -69,7 +67,6 @@ def build_online(
     num_outputs = len(module.output_vars)
     weight_positions = module.weight_leaf_positions
     hidden = module.hidden
-    at_production, at_output = hidden_outputs(module)
 
     # What to read off the forward pass for each pair: the op's x and y.
     eqns = module.jaxpr.eqns
@@ -80,32 +77,23 @@ def build_online(
         if eqn.primitive.name != "etp_elemwise":
             capture[eqn.invars[0]] = True
 
-    # Weight leaves a rule traces (through its relation's operands); the rest get the
-    # one-step gradient ∂L^t/∂θ with h^{t-1} held constant.
-    traced_leaves = set()
-    weight_leaf_number = {(s.path, leaf): n for n, (s, leaf) in enumerate(
-        (s, leaf) for s in module.weights for leaf in s.leaf_names)}
-    for pair in pairs:
-        for operand in pair.relation.operands:
-            traced_leaves.add(weight_leaf_number[(operand.path, operand.leaf)])
+    hidden_positions = [module.leaf_offsets[state.path] for state in hidden]
 
-    def forward(weight_leaves, perturbations, state_leaves, input_leaves, target):
+    def forward(weight_leaves, hidden_prev, state_leaves, input_leaves, target):
+        """One step as a function of the weights and the previous hidden values."""
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
-        captured, produced = {}, {}
+        for position, value in zip(hidden_positions, hidden_prev):
+            leaves[position] = value
+        captured = {}
 
         def on_write(var, value):
             if var in capture:
                 captured[var] = value
-            states = at_production.get(var)
-            if states is None:
-                return value
-            produced[var] = value
-            return value + perturbations[states[0]]
+            return value
 
         outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], on_write=on_write)
-        outs = add_output_perturbations(outs, at_output, produced, perturbations)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
         loss = step_loss(outputs, target)
         return loss, (outs[num_outputs:], [captured[var] for var in capture], outputs)
@@ -153,22 +141,20 @@ def build_online(
         return jacobians, sensitivities
 
     def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
-        perturbations = [jnp.zeros(s.in_vars[0].aval.shape, s.in_vars[0].aval.dtype) for s in hidden]
+        hidden_prev = [state_leaves[position] for position in hidden_positions]
         loss, pullback, (new_leaves, captured_values, outputs) = jax.vjp(
-            lambda w, p: forward(w, p, state_leaves, input_leaves, target), list(weight_leaves), perturbations,
+            lambda w, h: forward(w, h, state_leaves, input_leaves, target), list(weight_leaves), hidden_prev,
             has_aux=True,
         )
         captured = dict(zip(capture, captured_values))
-        # One pull-back: every weight's one-step gradient (h^{t-1} held) and the
-        # perturbation gradients. Traced weights take their rule's gradient instead.
-        one_step_grads, totals = pullback(jnp.ones_like(loss))
-        weight_grads = [jnp.zeros_like(g) if n in traced_leaves else g for n, g in enumerate(one_step_grads)]
+        # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): every weight's exact
+        # one-step gradient ∂L^t/∂θ|h^{t-1}, and the learning signal ∂L^t/∂h^{t-1} that
+        # the rules contract with the traces of the step before.
+        weight_grads, signals = pullback(jnp.ones_like(loss))
 
-        # The step as the transitions see it: current weights in the state leaves.
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
-        signals = group_signal_correction(module, graph.hidden_groups, totals, leaves, list(input_leaves))
         jacobians, sensitivities = transition_derivatives(leaves, list(input_leaves), captured)
         signal_of = {s.path: signals[k] for k, s in enumerate(hidden)}
 
@@ -187,7 +173,7 @@ def build_online(
             grad, trace = rule.step(trace, canonical, t)
             pair_grads.append(grad)
             new_traces.append(trace)
-        return loss, outputs, new_leaves, weight_grads, pair_grads, new_traces
+        return loss, outputs, new_leaves, list(weight_grads), pair_grads, new_traces
 
     batch = pairs[0].group.shape[0] if pairs else 1
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums

@@ -16,8 +16,8 @@ import brainstate
 import jax
 import jax.numpy as jnp
 
-from ..compiler import DiagnosticKind, compile_graph, format_path
-from ..errors import ConfigError, ShapeError
+from ..compiler import compile_graph, format_path
+from ..errors import ApproximationWarning, ConfigError, ShapeError
 from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
 from .hybrid import make_plan, parse_bytes
@@ -29,16 +29,6 @@ ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
 
 # model -> {key: (graph, plan, jitted runner)}; weak so a dropped model frees its code.
 _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
-# Exclusions after which a weight gets the one-step gradient only: warned about by name.
-_ONE_STEP_KINDS = (
-    DiagnosticKind.EXCLUDED_WEIGHT_TO_WEIGHT,
-    DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
-    DiagnosticKind.EXCLUDED_NO_PARAM_STATE,
-    DiagnosticKind.IN_CONTROL_FLOW,
-    DiagnosticKind.NOT_TRACED,
-)
 
 
 def _check_batch_axis(model, xs_leaves) -> None:
@@ -105,20 +95,25 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
     if key not in entries:
         _check_batch_axis(model, xs_leaves)
         graph = compile_graph(model, *((example,) if not isinstance(example, tuple) else example))
-        one_step = [d for d in graph.diagnostics if d.kind in _ONE_STEP_KINDS]
-        if algo != "bptt" and one_step:
-            names = ", ".join(sorted({format_path(d.weight_path) for d in one_step if d.weight_path is not None}))
-            warnings.warn(f"these weights get the one-step gradient only (not traced online): {names}; "
-                          f"see compile_graph(model, x).explain(path), or use algo='bptt'", stacklevel=3)
         if algo == "bptt":
             plan, program = None, build_bptt(graph, step_loss)
         else:
             batch = graph.hidden_groups[0].shape[0] if graph.hidden_groups[0].shape else 1
             dtype = jnp.dtype(graph.hidden_groups[0].dtype) if trace_dtype is None else trace_dtype
             plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype, memory_budget=memory_budget)
+            warn_approximations(plan, stacklevel=4)
             program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=dtype)
         entries[key] = (graph, plan, jax.jit(program.run), program)
     return entries[key]
+
+
+def warn_approximations(plan, stacklevel: int = 2) -> None:
+    """One :class:`~etrace_fit.errors.ApproximationWarning` per weight whose online
+    gradient under ``plan`` is approximate, naming it and saying why."""
+    for path, reasons in plan.approximations().items():
+        warnings.warn(f"the online gradient of {path} is approximate: " + "; ".join(reasons)
+                      + "; see the plan's report(), measure it with ef.gradient_fidelity, or use algo='bptt'",
+                      ApproximationWarning, stacklevel=stacklevel)
 
 
 def plan_for(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None, trace_dtype=None,

@@ -4,6 +4,7 @@ from .backup_and_restore import BackupAndRestore
 from .base import Callback, CallbackList
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
+from .gradient_fidelity import GradientFidelity
 from .lambda_callback import LambdaCallback
 from .learning_rate_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
@@ -12,5 +13,5 @@ from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
 
-__all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "LambdaCallback",
+__all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "GradientFidelity", "LambdaCallback",
            "LearningRateScheduler", "ModelCheckpoint", "ProgressBar", "ReduceLROnPlateau", "TensorBoard", "TerminateOnNaN"]

@@ -33,11 +33,13 @@ class DiagnosticKind(enum.Enum):
     EXCLUDED_UNUSED = ("excluded: output unused", Level.INFO)
     NOT_TRACED = ("weight not used by an ETP op", Level.WARNING)
     PARTIAL_PATH = ("partial path", Level.WARNING)
+    APPROXIMATE = ("approximate online gradient", Level.WARNING)
     NON_ELEMENTWISE_COUPLING = ("non-elementwise hidden coupling", Level.WARNING)
     IN_CONTROL_FLOW = ("primitive inside control flow", Level.WARNING)
     IN_NESTED_JIT = ("primitive inside nested jit", Level.INFO)
     MULTI_OUTPUT_PRIMITIVE = ("multi-output primitive", Level.WARNING)
     AMBIGUOUS_PYTREE_LEAF = ("ambiguous pytree leaf", Level.WARNING)
+    CARRIED_WITHOUT_TRACE = ("carried without trace", Level.INFO)
     STATE_MISMATCH = ("state mismatch", Level.ERROR)
     PARAM_WRITTEN_IN_STEP = ("param written in step", Level.ERROR)
 

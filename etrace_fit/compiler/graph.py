@@ -1,7 +1,7 @@
 """The compiled graph: every pass's result in one immutable value, and its report.
 
 ``compile_graph(model, *example_inputs)`` runs the passes in order (module info →
-hidden groups → relations) and returns an :class:`ETraceGraph` that the learning rules
+hidden groups → relations → fidelity) and returns an :class:`ETraceGraph` that the learning rules
 consume. ``report()`` prints a table per weight; ``explain(path)`` says in words why a
 weight is or is not traced.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import CompilationError
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
+from .fidelity import approximations
 from .hidden_groups import HiddenGroup, hidden_groups
 from .module_info import ModuleInfo, module_info
 from .relations import Relation, relations
@@ -147,7 +148,7 @@ def compile_graph(model: Any, *example_inputs: Any) -> ETraceGraph:
     module = module_info(model, *example_inputs)
     groups, group_records = hidden_groups(module)
     found, relation_records = relations(module, groups)
-    diagnostics = (*module.diagnostics, *group_records, *relation_records)
+    diagnostics = (*module.diagnostics, *group_records, *relation_records, *approximations(module, groups, found))
     errors = [d for d in diagnostics if d.level >= Level.ERROR]
     if errors:
         raise CompilationError("; ".join(str(d) for d in errors))

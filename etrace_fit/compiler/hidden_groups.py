@@ -125,11 +125,18 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
         avals = [hidden[k].in_vars[0].aval for k in ks]
         first = avals[0]
         for k, aval in zip(ks, avals):
-            if tuple(aval.shape) != tuple(first.shape) or aval.dtype != first.dtype:
-                listing = ", ".join(f"{hidden[j].name} {tuple(a.shape)} {a.dtype}" for j, a in zip(ks, avals))
+            if tuple(aval.shape) != tuple(first.shape):
+                listing = ", ".join(f"{hidden[j].name} {tuple(a.shape)}" for j, a in zip(ks, avals))
                 raise CompilationError(
-                    f"hidden states {listing} update each other per unit but differ in shape or dtype, "
-                    f"so they cannot form one hidden group; give them one shape"
+                    f"hidden states {listing} update each other per unit but differ in shape, so they "
+                    f"cannot form one hidden group; give them one shape"
+                )
+            if aval.dtype != first.dtype:
+                listing = ", ".join(f"{hidden[j].name} {a.dtype}" for j, a in zip(ks, avals))
+                raise CompilationError(
+                    f"hidden states {listing} update each other per unit but differ in dtype, so they "
+                    f"cannot form one hidden group; create them with one float dtype "
+                    f"(brainstate.environ.dftype())"
                 )
         groups.append(HiddenGroup(index, tuple(hidden[k].path for k in ks), tuple(first.shape), first.dtype,
                                   elementwise=not any(k in mixing for k in ks)))

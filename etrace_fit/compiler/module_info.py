@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import brainstate
 import jax
+import jax.numpy as jnp
 import saiunit as u
 
 from .. import _compat
@@ -32,8 +33,9 @@ class StateInfo:
 
     Attributes:
         path: the path brainstate gives (``model.states()`` key).
-        kind: ``"weight"`` (ParamState), ``"hidden"`` (HiddenState written by the step)
-            or ``"other"``.
+        kind: ``"weight"`` (ParamState), ``"hidden"`` (floating-point HiddenState
+            written by the step) or ``"other"`` (an integer or boolean HiddenState,
+            such as a refractory counter, is carried but has no trace).
         leaf_names: a name per pytree leaf of the value (``("bias", "weight")`` for a
             ``{"weight", "bias"}`` dict, ``("",)`` for an array).
         in_vars: the jaxpr input variables of the leaves.
@@ -210,8 +212,16 @@ def module_info(model: Any, *example_inputs: Any) -> ModuleInfo:
                     f"values in HiddenState)"
                 )
         elif isinstance(state, brainstate.HiddenState) and is_written:
-            kind = HIDDEN
             _check_hidden_consistent(path, state.value, new_shape)
+            kind = HIDDEN if all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in in_vars) else OTHER
+            if kind == OTHER:
+                dtypes = ", ".join(sorted({str(v.aval.dtype) for v in in_vars}))
+                diagnostics.append(Diagnostic(
+                    DiagnosticKind.CARRIED_WITHOUT_TRACE,
+                    f"HiddenState {format_path(path)} holds {dtypes} values: it is carried from step to step "
+                    f"like any state, but has no gradient, so no trace follows it",
+                    hidden_paths=(path,),
+                ))
         else:
             kind = OTHER
             if isinstance(state, brainstate.HiddenState):

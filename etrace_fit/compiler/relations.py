@@ -4,7 +4,7 @@ For every ETP equation: trace each trainable operand back to its ``ParamState`` 
 weight functions and masks), walk forward from its output ``y`` to the hidden states it
 reaches without crossing another trainable ETP op, keep the states whose shape ``y``
 broadcasts to, classify the paths, and build the transition ``y → h`` of each group.
-Read ``perturbation.py`` next.
+Read ``fidelity.py`` next.
 """
 
 from __future__ import annotations
@@ -162,16 +162,6 @@ def _reach(module: ModuleInfo, start: int, y: Any) -> dict[Any, int]:
     return reach
 
 
-def _reaches_output_around_hidden(module: ModuleInfo, start: int, y: Any, hidden_out, outputs: set) -> bool:
-    """Whether ``y`` reaches a step output along a path that passes no new hidden value."""
-    blockers = {var for var, _ in hidden_out}
-    reached = {y} - blockers
-    for eqn in module.jaxpr.eqns[start + 1 :]:
-        if any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
-            reached.update(v for v in eqn.outvars if v not in blockers)
-    return any(var in reached for var in outputs)
-
-
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     try:
         return tuple(np.broadcast_shapes(shape, target)) == tuple(target)
@@ -247,7 +237,7 @@ def relations(
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
                     f"{name} output {tuple(y.aval.shape)} does not broadcast to {format_path(path)} "
-                    f"{group_of[path].shape}; that path is not traced",
+                    f"{group_of[path].shape}; that path is not traced (it gets the one-step gradient)",
                     primitive=name, weight_path=weight_path, hidden_paths=(path,),
                 ))
         if not shape_ok:
@@ -273,13 +263,6 @@ def relations(
             DiagnosticKind.RELATION_INCLUDED, f"{name} drives {hidden_names} ({classification})",
             primitive=name, weight_path=weight_path, hidden_paths=tuple(shape_ok),
         ))
-        if _reaches_output_around_hidden(module, index, y, hidden_out, outputs):
-            diagnostics.append(Diagnostic(
-                DiagnosticKind.PARTIAL_PATH,
-                f"{name} also reaches the step's output without passing a hidden state; online rules "
-                f"include only its effect through the hidden states",
-                primitive=name, weight_path=weight_path, hidden_paths=tuple(shape_ok),
-            ))
         if classification == MIXED:
             through = ", ".join(format_path(p) for p in shape_ok if reached[p] & _THROUGH)
             diagnostics.append(Diagnostic(
@@ -301,7 +284,8 @@ def _exclusion(name, weight_path, reached, direct, reach, outputs) -> Diagnostic
     """Why an ETP op with a weight relates to no hidden state."""
     if direct:
         kind, message = DiagnosticKind.EXCLUDED_SHAPE_MISMATCH, (
-            f"{name} reaches hidden states only with shapes it does not broadcast to; not traced"
+            f"{name} reaches hidden states only with shapes it does not broadcast to; not traced: it gets "
+            f"the one-step gradient (use algo='bptt' for the exact one)"
         )
     elif reached:
         names = ", ".join(format_path(p) for p in reached)

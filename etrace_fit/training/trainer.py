@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..algorithms import compile_sequence
+from ..algorithms import compile_sequence, gradient_fidelity
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.sequence import ALGOS
 from ..callbacks import CallbackList, ProgressBar
@@ -449,6 +449,17 @@ class Trainer:
             self._recorder = record
         spikes = self._recorder(x[:, None])
         return {name: np.asarray(value[:, 0]) for name, value in spikes.items()}
+
+    def gradient_fidelity(self, x: Any, y: Any = None, mask: Any = None) -> dict[str, Any]:
+        """Cosine and norm ratio of this trainer's online gradient against BPTT's on one
+        batch (``x`` laid out as for ``fit``, the loss placed as in training), per
+        weight path: ``{"layers.0.weight": WeightFidelity(cosine, norm_ratio)}``. See
+        :func:`etrace_fit.gradient_fidelity`; for ``algo="bptt"`` every value is 1."""
+        xs, ys, weight = self._time_major(Batch(x, y, mask))
+        self._ensure_states(xs.shape[1])
+        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
+        return gradient_fidelity(self.model, xs, (ys, weight), self._step_loss, algo=self.algo, decay=self.decay,
+                                 memory_budget=self.memory_budget)
 
     @property
     def rules(self) -> dict[str, str]:

@@ -4,7 +4,7 @@ layers in a row, stateful readouts, and training a small task online versus BPTT
 
 Cosine similarities with BPTT (``brainstate.transform.grad`` over a ``for_loop``) were
 measured once (float64, T = 30, B = 3, I = 4, H = 8, the seeds in the builders) and are
-recorded next to the tests; each test asserts a floor ``MARGIN`` = 0.05 under its
+recorded next to the tests; each test asserts a floor ``MARGIN`` = 0.005 under its
 measured value. The structural checks are exact: with the recurrent rows of the weights
 on ``[x, h]`` set to zero, a GRU, an LSTM or a recurrent LIF has per-unit recurrence
 only, and D-RTRL equals BPTT.
@@ -65,28 +65,36 @@ def quiet_run(case, algo, **kwargs):
         return case.run(algo, **kwargs)
 
 
-# cosine(online, BPTT) per leaf, measured (float64). The readout (layers.1) is exact (1.0)
-# and checked separately. W_r is untraced (one-step gradient) under both rules.
+# cosine(online, BPTT) per leaf, measured (float64) with the previous-state learning
+# signal (DESIGN.md §5.8); the values before it (signal at h^t) in the comments. The
+# readout (layers.1) is exact (1.0) and checked separately. W_r is untraced (one-step
+# gradient) under both rules. ES-D-RTRL equals D-RTRL on every bias: its input trace is
+# then a leaky sum of ones and the factorisation is exact.
 MEASURED = {
-    ("gru", "d_rtrl"): {"layers.0.W_h.weight['bias']": 0.9649, "layers.0.W_h.weight['weight']": 0.9768,
+    # before: W_h 0.9649 / 0.9768, W_z 0.8806 / 0.9183 (bias / weight)
+    ("gru", "d_rtrl"): {"layers.0.W_h.weight['bias']": 0.9836, "layers.0.W_h.weight['weight']": 0.9901,
                         "layers.0.W_r.weight['bias']": 0.9674, "layers.0.W_r.weight['weight']": 0.9633,
-                        "layers.0.W_z.weight['bias']": 0.8806, "layers.0.W_z.weight['weight']": 0.9183},
-    ("gru", "esd_rtrl"): {"layers.0.W_h.weight['bias']": 0.9649, "layers.0.W_h.weight['weight']": 0.9425,
+                        "layers.0.W_z.weight['bias']": 0.9515, "layers.0.W_z.weight['weight']": 0.9619},
+    # before: W_h weight 0.9425, W_z weight 0.3932
+    ("gru", "esd_rtrl"): {"layers.0.W_h.weight['bias']": 0.9836, "layers.0.W_h.weight['weight']": 0.9798,
                           "layers.0.W_r.weight['bias']": 0.9674, "layers.0.W_r.weight['weight']": 0.9633,
-                          "layers.0.W_z.weight['bias']": 0.8806, "layers.0.W_z.weight['weight']": 0.3932},
-    ("lstm", "d_rtrl"): {"layers.0.W_f.weight['bias']": 0.9905, "layers.0.W_f.weight['weight']": 0.9867,
-                         "layers.0.W_g.weight['bias']": 0.9878, "layers.0.W_g.weight['weight']": 0.9899,
-                         "layers.0.W_i.weight['bias']": 0.9855, "layers.0.W_i.weight['weight']": 0.9854,
-                         "layers.0.W_o.weight['bias']": 0.9871, "layers.0.W_o.weight['weight']": 0.9865},
-    ("lstm", "esd_rtrl"): {"layers.0.W_f.weight['bias']": 0.9905, "layers.0.W_f.weight['weight']": 0.7681,
-                           "layers.0.W_g.weight['bias']": 0.9878, "layers.0.W_g.weight['weight']": 0.8271,
-                           "layers.0.W_i.weight['bias']": 0.9855, "layers.0.W_i.weight['weight']": 0.7371,
-                           "layers.0.W_o.weight['bias']": 0.9871, "layers.0.W_o.weight['weight']": 0.8760},
-    # recurrent LIF (spike fraction 0.39): the weight on [x, z_prev] drives V through itself
-    ("recurrent_lif", "d_rtrl"): {"layers.0.W.weight['bias']": 0.6083, "layers.0.W.weight['weight']": 0.6839},
-    ("recurrent_lif", "esd_rtrl"): {"layers.0.W.weight['bias']": 0.6083, "layers.0.W.weight['weight']": 0.6688},
+                          "layers.0.W_z.weight['bias']": 0.9515, "layers.0.W_z.weight['weight']": 0.8132},
+    # before: 0.9854-0.9905
+    ("lstm", "d_rtrl"): {"layers.0.W_f.weight['bias']": 0.9993, "layers.0.W_f.weight['weight']": 0.9979,
+                         "layers.0.W_g.weight['bias']": 0.9968, "layers.0.W_g.weight['weight']": 0.9962,
+                         "layers.0.W_i.weight['bias']": 0.9965, "layers.0.W_i.weight['weight']": 0.9958,
+                         "layers.0.W_o.weight['bias']": 0.9975, "layers.0.W_o.weight['weight']": 0.9956},
+    # before: weights 0.7371-0.8760
+    ("lstm", "esd_rtrl"): {"layers.0.W_f.weight['bias']": 0.9993, "layers.0.W_f.weight['weight']": 0.9691,
+                           "layers.0.W_g.weight['bias']": 0.9968, "layers.0.W_g.weight['weight']": 0.9734,
+                           "layers.0.W_i.weight['bias']": 0.9965, "layers.0.W_i.weight['weight']": 0.9556,
+                           "layers.0.W_o.weight['bias']": 0.9975, "layers.0.W_o.weight['weight']": 0.9903},
+    # recurrent LIF (spike fraction 0.39): the weight on [x, z_prev] drives V through
+    # itself. Before: 0.6083 / 0.6839 (D-RTRL), 0.6083 / 0.6688 (ES-D-RTRL).
+    ("recurrent_lif", "d_rtrl"): {"layers.0.W.weight['bias']": 0.7050, "layers.0.W.weight['weight']": 0.7675},
+    ("recurrent_lif", "esd_rtrl"): {"layers.0.W.weight['bias']": 0.7050, "layers.0.W.weight['weight']": 0.7657},
 }
-MARGIN = 0.05
+MARGIN = 0.005  # float64 and fixed seeds: the margin only absorbs platform rounding
 
 
 @pytest.mark.parametrize("name,algo", list(MEASURED), ids=[f"{n}-{a}" for n, a in MEASURED])
@@ -117,7 +125,7 @@ def test_gru_reset_gate_warns_and_gets_the_one_step_gradient():
     with case.env():
         for algo in ("d_rtrl", "esd_rtrl"):
             brainstate.nn.reset_all_states(case.model, batch_size=B)
-            with pytest.warns(UserWarning, match=r"one-step.*layers\.0\.W_r\.weight"):
+            with pytest.warns(UserWarning, match=r"layers\.0\.W_r\.weight is approximate.*one-step"):
                 ef.sequence_grad(case.model, case.xs, case.ys, mse, algo=algo, decay=0.8)
         params = {"/".join(map(str, path)): state.value
                   for path, state in case.model.states(brainstate.ParamState).items()}

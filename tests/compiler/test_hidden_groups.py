@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import etrace_fit as ef
 from etrace_fit import layers as L
 from etrace_fit import ops
 from etrace_fit.compiler import DiagnosticKind, group_jacobian, hidden_groups, module_info
@@ -278,3 +279,45 @@ def test_unit_mixing_inside_a_custom_jvp_function_is_reported(env64):
     unit-mixing custom_jvp function goes unreported."""
     _, _, diagnostics = _groups(CustomJvpCoupled(), jnp.ones((B, I)))
     assert DiagnosticKind.NON_ELEMENTWISE_COUPLING in [d.kind for d in diagnostics]
+
+
+class _Counter(brainstate.nn.Module):
+    """A float membrane next to an int32 refractory counter."""
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.v = brainstate.HiddenState(jnp.zeros((batch_size, N)))
+        self.count = brainstate.HiddenState(jnp.zeros((batch_size, N), jnp.int32))
+
+    def update(self, x):
+        free = self.count.value == 0
+        self.v.value = jnp.where(free, 0.9 * self.v.value + x, 0.0)
+        self.count.value = jnp.where(self.v.value > 1.0, 3, jnp.maximum(self.count.value - 1, 0))
+        return self.v.value
+
+
+def test_an_integer_hidden_state_is_carried_without_a_group(env64):
+    model = _Counter()
+    brainstate.nn.init_all_states(model, batch_size=B)
+    graph = ef.compile_graph(model, jnp.ones((B, N)))
+    assert [g.paths for g in graph.hidden_groups] == [(("v",),)]
+    assert graph.module.state(("count",)).kind == "other"
+    (record,) = [d for d in graph.diagnostics if d.kind is DiagnosticKind.CARRIED_WITHOUT_TRACE]
+    assert record.hidden_paths == (("count",),) and "int32" in record.message
+
+
+class _MixedFloats(brainstate.nn.Module):
+    def init_state(self, batch_size=None, **kwargs):
+        self.v = brainstate.HiddenState(jnp.zeros((batch_size, N), jnp.float64))
+        self.a = brainstate.HiddenState(jnp.zeros((batch_size, N), jnp.float32))
+
+    def update(self, x):
+        self.a.value = (0.5 * self.a.value + self.v.value).astype(jnp.float32)
+        self.v.value = 0.9 * self.v.value + x - self.a.value
+        return self.v.value
+
+
+def test_states_of_one_group_in_two_float_dtypes_are_an_error_that_says_dtype(env64):
+    model = _MixedFloats()
+    brainstate.nn.init_all_states(model, batch_size=B)
+    with pytest.raises(ef.CompilationError, match=r"hidden states a float32, v float64 update each other per unit but differ in dtype"):
+        ef.compile_graph(model, jnp.ones((B, N)))

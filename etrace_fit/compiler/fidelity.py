@@ -1,0 +1,130 @@
+"""Pass 4 — fidelity: which traced weights get an approximate online gradient, and why.
+
+With the previous-state learning signal (DESIGN.md §5.8) a trace rule is exact for a
+weight when the only memory its effect travels through is its own hidden group's,
+and that group recurs per unit. This pass names each way a model breaks that, per
+relation, as a ``APPROXIMATE`` diagnostic (the rules' own approximations, such as
+ES-D-RTRL's factorisation, are added by the plan). Read ``graph.py`` next.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .. import _compat
+from ..ops import etp_op_info
+from .diagnostics import Diagnostic, DiagnosticKind, format_path
+from .hidden_groups import HiddenGroup
+from .module_info import ModuleInfo
+from .relations import Relation
+
+__all__ = ["approximations"]
+
+DENSE_RECURRENCE = "dense_recurrence"
+LATER_MEMORY = "later_memory"
+NON_ELEMENTWISE = "non_elementwise_group"
+UNTRACED_USE = "untraced_use"
+
+
+def _reached(module: ModuleInfo, starts: Iterable[Any], after: int = -1) -> set:
+    """Every variable computed (through any op) from ``starts`` by equations after ``after``."""
+    reached = set(starts)
+    for index, eqn in enumerate(module.jaxpr.eqns):
+        if index > after and any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
+            reached.update(eqn.outvars)
+    return reached
+
+
+def approximations(
+    module: ModuleInfo, groups: tuple[HiddenGroup, ...], relations: tuple[Relation, ...]
+) -> tuple[Diagnostic, ...]:
+    """One ``APPROXIMATE`` record per relation and reason (see the module docstring)."""
+    state_of = {s.path: s for s in module.hidden}
+    new_value_group = {state_of[p].out_vars[0]: g.index for g in groups for p in g.paths
+                       if not isinstance(state_of[p].out_vars[0], _compat.Literal)}
+    # group -> the other groups whose new values read its previous values, at any depth
+    reads_previous = {}
+    for group in groups:
+        reached = _reached(module, (state_of[p].in_vars[0] for p in group.paths))
+        reads_previous[group.index] = reached
+    eqns = module.jaxpr.eqns
+    weight_uses = _plain_uses(module, relations)
+
+    records = []
+    for relation in relations:
+        name = format_path(relation.weight_path)
+        eqn = eqns[relation.eqn_index]
+        own = set(relation.hidden_groups)
+        after_y = _reached(module, eqn.outvars, after=relation.eqn_index)
+        others = {new_value_group[v] for v in after_y if v in new_value_group} - own
+        for g in own:
+            others |= {new_value_group[v] for v in reads_previous[g] if v in new_value_group} - own
+        if others:
+            names = ", ".join(groups[g].name for g in sorted(others))
+            records.append(_record(relation, LATER_MEMORY, (
+                f"{name} also shapes the memory of {names}; the traces follow its own hidden group only, so "
+                f"its effect on later steps through that memory is dropped (exact would need BPTT)")))
+        x_var, _ = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
+        recurrent = [g for g in own if x_var is not None and not isinstance(x_var, _compat.Literal)
+                     and x_var in reads_previous[g]]
+        if recurrent:
+            records.append(_record(relation, DENSE_RECURRENCE, (
+                f"{name}'s input reads the previous state of {groups[recurrent[0]].name} it drives (dense "
+                f"recurrence): the traces keep the per-unit (diagonal) part of the Jacobian only")))
+        mixing = [g for g in own if not groups[g].elementwise]
+        if mixing:
+            records.append(_record(relation, NON_ELEMENTWISE, (
+                f"the units of {groups[mixing[0]].name}, which {name} drives, mix within a step through an op "
+                f"that is not an ETP op: the traces keep the per-unit part of the Jacobian only")))
+        plain = weight_uses.get(relation.eqn_index, ())
+        if plain:
+            records.append(_record(relation, UNTRACED_USE, (
+                f"{name} is also used by plain jnp ops ({', '.join(plain)}) that reach a hidden state: "
+                f"that use gets its one-step gradient, not a trace")))
+    return tuple(records)
+
+
+def _record(relation: Relation, reason: str, message: str) -> Diagnostic:
+    return Diagnostic(DiagnosticKind.APPROXIMATE, message, primitive=relation.primitive,
+                      weight_path=relation.weight_path, hidden_paths=relation.hidden_paths,
+                      context=(("reason", reason),))
+
+
+def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int, tuple[str, ...]]:
+    """Per relation: the primitives outside its operand chain that read one of its
+    weight leaves and whose result reaches a new hidden value."""
+    leaf_vars = {(s.path, leaf): var for s in module.weights for var, leaf in zip(s.in_vars, s.leaf_names)}
+    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+    eqns = module.jaxpr.eqns
+    found = {}
+    for relation in relations:
+        leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
+        chain = _operand_chain(module, relation, leaves)
+        uses = []
+        for index, eqn in enumerate(eqns):
+            if index == relation.eqn_index or index in chain:
+                continue
+            if any(not isinstance(v, _compat.Literal) and v in leaves for v in eqn.invars):
+                if hidden_new & _reached(module, eqn.outvars, after=index):
+                    uses.append(eqn.primitive.name)
+        if uses:
+            found[relation.eqn_index] = tuple(dict.fromkeys(uses))
+    return found
+
+
+def _operand_chain(module: ModuleInfo, relation: Relation, leaves: set) -> set[int]:
+    """Indices of the equations between the weight leaves and the op (masks, casts)."""
+    eqns = module.jaxpr.eqns
+    producer = {var: i for i, eqn in enumerate(eqns) for var in eqn.outvars}
+    eqn = eqns[relation.eqn_index]
+    _, trainables = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
+    chain, stack = set(), list(trainables.values())
+    while stack:
+        var = stack.pop()
+        if isinstance(var, _compat.Literal) or var in leaves or var not in producer:
+            continue
+        index = producer[var]
+        if index not in chain:
+            chain.add(index)
+            stack.extend(eqns[index].invars)
+    return chain
