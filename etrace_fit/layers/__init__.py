@@ -8,7 +8,8 @@ from .linear import Conv1d, Conv2d, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, VanillaRNNCell
 from .sequential import Sequential
-from .spiking import ALIF, LIF
+from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant
+from .spiking import ALIF, LIF, RecurrentALIF, RecurrentLIF
 from .surrogate import FastSigmoid, Sigmoid, Surrogate, Triangle, get_surrogate
 
 __all__ = [
@@ -22,11 +23,19 @@ __all__ = [
     "LSTMCell",
     "LeakyRateReadout",
     "LeakySpikeReadout",
+    "Neuron",
+    "RecurrentALIF",
+    "RecurrentLIF",
     "Linear",
     "Sequential",
     "Sigmoid",
+    "SpikingLayer",
     "Surrogate",
     "Triangle",
     "VanillaRNNCell",
+    "decay",
     "get_surrogate",
+    "parameter",
+    "read",
+    "time_constant",
 ]

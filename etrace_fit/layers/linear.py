@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from .. import ops
 from ..errors import ConfigError, ShapeError
-from ._base import check_last_axis, describe, make_param
+from .base import check_last_axis, describe, make_param
 
 __all__ = ["Conv1d", "Conv2d", "Flatten", "Linear"]
 

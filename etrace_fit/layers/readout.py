@@ -12,7 +12,7 @@ import brainstate
 import jax
 
 from .. import ops
-from ._base import check_last_axis, decay_of, make_param, make_state, time_constant
+from .base import check_last_axis, decay, make_param, make_state, time_constant
 from .linear import _positive_int
 from .spiking import check_membrane_args, membrane_step
 from .surrogate import Surrogate, get_surrogate
@@ -72,7 +72,7 @@ class LeakyRateReadout(_ReadoutBase):
 
     def update(self, x: Any) -> jax.Array:
         current = self._current(x)
-        self.r.value = decay_of(self, self.tau) * self.r.value + current
+        self.r.value = decay(self, self.tau) * self.r.value + current
         return self.r.value
 
 
@@ -115,7 +115,7 @@ class LeakySpikeReadout(_ReadoutBase):
 
     def update(self, x: Any) -> jax.Array:
         self.V.value, z, _ = membrane_step(
-            self.V.value, self._current(x), decay_of(self, self.tau), self.v_threshold, self.v_threshold,
+            self.V.value, self._current(x), decay(self, self.tau), self.v_threshold, self.v_threshold,
             v_reset=self.v_reset, reset=self.reset, surrogate=self.surrogate, detach_reset=self.detach_reset,
         )
         return z

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from ._base import check_last_axis, make_state
+from .base import check_last_axis, make_state
 from .linear import Linear
 
 __all__ = ["GRUCell", "LSTMCell", "VanillaRNNCell"]

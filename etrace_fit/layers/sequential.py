@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import brainstate
 
 from ..errors import ConfigError, EtraceError
-from ._base import describe
+from .base import describe
 
 __all__ = ["Sequential"]
 

@@ -1,4 +1,4 @@
-"""Spiking neuron layers: :class:`LIF` and :class:`ALIF`.
+"""Spiking neuron layers: :class:`LIF`, :class:`ALIF` and their recurrent forms.
 
 Both integrate their input current ``x`` (usually a :class:`Linear`'s output) with an
 exponential leak; time constants are in the unit of ``dt`` (``brainstate.environ``).
@@ -11,12 +11,14 @@ from typing import Any
 
 import brainstate
 import jax
+import jax.numpy as jnp
 
 from ..errors import ConfigError
-from ._base import check_trailing_shape, decay_of, make_state, time_constant
+from .base import Neuron, check_trailing_shape, decay, time_constant
+from .linear import Linear
 from .surrogate import Surrogate, get_surrogate
 
-__all__ = ["ALIF", "LIF", "check_membrane_args", "membrane_step"]
+__all__ = ["ALIF", "LIF", "RecurrentALIF", "RecurrentLIF", "check_membrane_args", "membrane_step"]
 
 _RESETS = ("soft", "hard")
 
@@ -52,23 +54,17 @@ def membrane_step(v, x, decay, threshold_prev, threshold, *, v_reset, reset, sur
     return v_new, surrogate(v_new - threshold), z_prev
 
 
-class _SpikingBase(brainstate.nn.Module):
+class _SpikingBase(Neuron):
     def __init__(self, size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
                  detach_reset, learn_tau, state_init, name):
-        super().__init__(name=name)
-        shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
-        if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
-            raise ConfigError(f"{type(self).__name__}: size must be a positive int or a tuple of them, got {size!r}")
-        self.size = size
-        self.shape = shape
-        self.in_size = self.out_size = shape
-        self._summary = f"{size}"
+        super().__init__(size, name=name)
+        shape = self.shape
         check_membrane_args(f"{type(self).__name__}({size})", reset, v_threshold, v_reset)
         self.reset, self.v_threshold, self.v_reset = reset, v_threshold, v_reset
         self.detach_reset = detach_reset
         self.surrogate: Surrogate = get_surrogate(surrogate, surrogate_scale)
         self.tau = time_constant(self, tau, shape, learn_tau)
-        self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
+        self.hidden("V", init=brainstate.nn.init.ZeroInit() if state_init is None else state_init)
 
     def _membrane(self, v, x, decay, threshold_prev, threshold):
         return membrane_step(
@@ -121,15 +117,9 @@ class LIF(_SpikingBase):
         super().__init__(size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
                          detach_reset, learn_tau, state_init, name)
 
-    def init_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V = brainstate.HiddenState(make_state(self._state_init, self.shape, batch_size))
-
-    def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V.value = make_state(self._state_init, self.shape, batch_size)
-
     def update(self, x: Any) -> jax.Array:
         check_trailing_shape(self, x, self.shape)
-        self.V.value, z, _ = self._membrane(self.V.value, x, decay_of(self, self.tau), self.v_threshold, self.v_threshold)
+        self.V.value, z, _ = self._membrane(self.V.value, x, decay(self, self.tau), self.v_threshold, self.v_threshold)
         return z
 
     def spikes(self) -> jax.Array:
@@ -176,27 +166,97 @@ class ALIF(_SpikingBase):
                          detach_reset, learn_tau, state_init, name)
         self.tau_a = time_constant(self, tau_a, self.shape, learn_tau_a, what="tau_a")
         self.beta = beta
-
-    def init_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V = brainstate.HiddenState(make_state(self._state_init, self.shape, batch_size))
-        self.a = brainstate.HiddenState(make_state(brainstate.nn.init.ZeroInit(), self.shape, batch_size))
-
-    def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
-        self.V.value = make_state(self._state_init, self.shape, batch_size)
-        self.a.value = make_state(brainstate.nn.init.ZeroInit(), self.shape, batch_size)
+        self.hidden("a", init=0.0)
 
     def update(self, x: Any) -> jax.Array:
         check_trailing_shape(self, x, self.shape)
         a_prev = self.a.value
         threshold_prev = self.v_threshold + self.beta * a_prev
         z_prev = self.surrogate(self.V.value - threshold_prev)
-        a = decay_of(self, self.tau_a) * a_prev + z_prev
+        a = decay(self, self.tau_a) * a_prev + z_prev
         self.a.value = a
         self.V.value, z, _ = self._membrane(
-            self.V.value, x, decay_of(self, self.tau), threshold_prev, self.v_threshold + self.beta * a
+            self.V.value, x, decay(self, self.tau), threshold_prev, self.v_threshold + self.beta * a
         )
         return z
 
     def spikes(self) -> jax.Array:
         """The spikes of the last step (``V > v_threshold + β a``), as in :meth:`LIF.spikes`."""
         return jax.lax.stop_gradient(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)))
+
+
+class _Recurrent:
+    """Input and recurrent weights in one :class:`Linear` on ``[x^t, z^{t−1}]``."""
+
+    def _make_weights(self, in_size, w_init, b_init, with_bias):
+        if not isinstance(self.size, int):
+            raise ConfigError(f"{type(self).__name__}: size must be an int (recurrent weights connect units), "
+                              f"got {self.size!r}")
+        self.in_features = in_size
+        self.in_size = (in_size,)
+        self._summary = f"{in_size}, {self.size}"
+        self.W = Linear(in_size + self.size, self.size, w_init=w_init, b_init=b_init, with_bias=with_bias)
+
+    def update(self, x: Any) -> jax.Array:
+        check_trailing_shape(self, x, self.in_size)
+        z_prev = self._previous_spikes()  # with its surrogate gradient: the recurrent path is learned
+        return super().update(self.W(jnp.concatenate([x, z_prev], axis=-1)))
+
+
+class RecurrentLIF(_Recurrent, LIF):
+    """:class:`LIF` neurons driven by their input and their own last spikes (e-prop's
+    recurrent LIF network)::
+
+        I^t = [x^t, z^{t−1}] W + b        one weight (in_size + size, size): input rows, then recurrent rows
+        V^t, z^t as in LIF with input current I^t
+
+    The compiler relates ``W`` to ``V``; because ``z^{t−1}`` feeds back through ``W``
+    the online gradient keeps the per-unit part of the Jacobian (the report says so).
+
+    Shapes: ``x: (B, in_size)`` → spikes ``(B, size)``; state ``V: (B, size)``.
+
+    Args:
+        in_size, size: input features and neurons.
+        w_init, b_init, with_bias: of the weight on ``[x, z]`` (as in :class:`Linear`).
+        tau, v_threshold, v_reset, reset, surrogate, ...: as in :class:`LIF`.
+
+    Example::
+
+        brainstate.environ.set(dt=1.0)
+        rnn = RecurrentLIF(40, 100, tau=20.0); brainstate.nn.init_all_states(rnn, batch_size=8)
+        z = rnn(jnp.ones((8, 40)))        # spikes, (8, 100)
+    """
+
+    def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
+                 **lif_options: Any):
+        super().__init__(size, **lif_options)
+        self._make_weights(in_size, w_init, b_init, with_bias)
+
+    def _previous_spikes(self) -> jax.Array:
+        return self.surrogate(self.V.value - self.v_threshold)
+
+
+class RecurrentALIF(_Recurrent, ALIF):
+    """:class:`ALIF` neurons driven by their input and their own last spikes (e-prop's
+    LSNN): ``I^t = [x^t, z^{t−1}] W + b``, then ALIF's dynamics with ``V`` and ``a``.
+
+    Shapes: ``x: (B, in_size)`` → spikes ``(B, size)``; states ``V, a: (B, size)``.
+
+    Args:
+        in_size, size, w_init, b_init, with_bias: as in :class:`RecurrentLIF`.
+        tau, tau_a, beta, ...: as in :class:`ALIF`.
+
+    Example::
+
+        brainstate.environ.set(dt=1.0)
+        lsnn = RecurrentALIF(40, 100, tau_a=200.0); brainstate.nn.init_all_states(lsnn, batch_size=8)
+        z = lsnn(jnp.ones((8, 40)))       # spikes, (8, 100)
+    """
+
+    def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
+                 **alif_options: Any):
+        super().__init__(size, **alif_options)
+        self._make_weights(in_size, w_init, b_init, with_bias)
+
+    def _previous_spikes(self) -> jax.Array:
+        return self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value))

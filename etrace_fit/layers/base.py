@@ -1,0 +1,259 @@
+"""What every layer needs besides its ETP ops, and the base for neurons users write.
+
+:class:`Neuron` registers hidden states (``self.hidden("V", init=0.0)``) so a neuron
+needs no ``init_state`` / ``reset_state`` of its own; :func:`time_constant`,
+:func:`decay`, :func:`parameter` and :func:`read` make per-unit constants that may be
+learned (through the elementwise ETP op, so the compiler traces them). The rest are
+shape checks and parameter creation shared by the built-in layers. Read ``linear.py``
+next for the simplest layer, ``spiking.py`` for neurons built on :class:`Neuron`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import saiunit as u
+
+from ..errors import ConfigError, ShapeError
+
+__all__ = ["Decay", "Neuron", "SpikingLayer", "check_last_axis", "decay", "describe", "get_dt", "make_param",
+           "make_state", "parameter", "read", "time_constant"]
+
+Initializer = Callable[..., Any] | Any
+
+
+def describe(layer: Any) -> str:
+    """A short name for messages: ``LIF(size=100)`` or the module's given name."""
+    name = getattr(layer, "name", None)
+    summary = getattr(layer, "_summary", None)
+    base = f"{type(layer).__name__}({summary})" if summary else type(layer).__name__
+    return f"{base} '{name}'" if name else base
+
+
+def get_dt(layer: Any) -> Any:
+    """The simulation time step from ``brainstate.environ``, or a clear error."""
+    try:
+        return brainstate.environ.get_dt()
+    except KeyError:
+        raise ConfigError(
+            f"{describe(layer)} needs the time step dt, and none is set. Set it with "
+            f"brainstate.environ.set(dt=1.0) (or `with brainstate.environ.context(dt=1.0):`); "
+            f"time constants are in the unit of dt."
+        ) from None
+
+
+def check_last_axis(layer: Any, x: Any, expected: int, what: str = "features") -> None:
+    """Raise :class:`ShapeError` unless ``x.shape[-1] == expected``."""
+    shape = tuple(jnp.shape(x))
+    if len(shape) == 0 or shape[-1] != expected:
+        raise ShapeError(
+            f"{describe(layer)}: expected input with {expected} {what} on the last axis, "
+            f"got x.shape={shape}"
+        )
+
+
+def make_param(initializer: Initializer, shape: Sequence[int], what: str, layer: Any) -> jax.Array:
+    """A parameter array of ``shape`` in the environment's float dtype.
+
+    ``initializer`` is a ``brainstate.nn.init`` initializer, a callable of the shape,
+    or an array that broadcasts to ``shape``.
+    """
+    shape = tuple(shape)
+    if callable(initializer):
+        value = brainstate.nn.init.param(initializer, shape, allow_none=False)
+    else:
+        value = initializer
+    mantissa = jnp.asarray(u.get_mantissa(value))
+    try:
+        mantissa = jnp.broadcast_to(mantissa, shape)
+    except ValueError:
+        raise ShapeError(
+            f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, got shape {mantissa.shape}"
+        ) from None
+    unit = u.get_unit(value)
+    mantissa = mantissa.astype(brainstate.environ.dftype())
+    return mantissa if unit.is_unitless else u.Quantity(mantissa, unit=unit)
+
+
+def make_state(initializer: Initializer, size: Sequence[int], batch_size: int | None) -> jax.Array:
+    """A hidden-state value of shape ``(batch_size, *size)`` (``size`` when unbatched)."""
+    value = brainstate.nn.init.param(initializer, tuple(size), batch_size)
+    return jnp.asarray(value, dtype=brainstate.environ.dftype())
+
+
+class Decay:
+    """``exp(-dt / tau)``: the per-step decay of a leaky variable with time constant tau.
+
+    A hashable value (compared by dt's value and unit), so the elementwise ETP op that
+    learns ``tau`` gets a fn that jit can cache on. ``dt`` and ``tau`` may be saiunit
+    quantities of the same dimension.
+    """
+
+    def __init__(self, dt: Any):
+        self.dt = dt
+        try:
+            self._key = (float(jnp.asarray(u.get_mantissa(dt))), u.get_unit(dt))
+        except jax.errors.ConcretizationTypeError:
+            # dt traced by an enclosing transformation: only equal to itself.
+            self._key = (id(dt), u.get_unit(dt))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Decay) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((Decay, self._key))
+
+    def __repr__(self) -> str:
+        return f"Decay(dt={self.dt})"
+
+    def __call__(self, tau: Any) -> jax.Array:
+        ratio = self.dt / tau
+        if not u.get_unit(ratio).is_unitless:
+            raise ConfigError(f"dt ({self.dt}) and tau ({u.get_unit(tau)}) must be in the same unit")
+        return jnp.exp(-u.get_mantissa(ratio))
+
+
+def check_trailing_shape(layer: Any, x: Any, expected: tuple[int, ...]) -> None:
+    """Raise :class:`ShapeError` unless ``x``'s trailing axes are ``expected``."""
+    if len(expected) == 1:
+        check_last_axis(layer, x, expected[0])
+        return
+    shape = tuple(jnp.shape(x))
+    if shape[len(shape) - len(expected):] != tuple(expected) or len(shape) < len(expected):
+        raise ShapeError(f"{describe(layer)}: expected input of shape (..., {', '.join(map(str, expected))}), got x.shape={shape}")
+
+
+def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool, what: str = "tau") -> Any:
+    """A time constant broadcast to the layer's unit shape: a ``ParamState`` when learned.
+
+    Validates ``tau > 0``. A learned time constant is read through the elementwise ETP
+    op by :func:`decay_of`, so the compiler relates it to the layer's hidden group.
+    """
+    mantissa = jnp.asarray(u.get_mantissa(tau))
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    try:
+        mantissa = jnp.broadcast_to(mantissa, shape)
+    except ValueError:
+        raise ShapeError(f"{describe(layer)}: {what} must be a scalar or have shape {shape}, got shape {mantissa.shape}") from None
+    if not bool(jnp.all(mantissa > 0)):
+        raise ConfigError(f"{describe(layer)}: {what} must be positive, got {tau}")
+    unit = u.get_unit(tau)
+    value = jnp.asarray(mantissa, dtype=brainstate.environ.dftype())
+    value = value if unit.is_unitless else u.Quantity(value, unit=unit)
+    return brainstate.ParamState(value) if learn else value
+
+
+def decay(layer: Any, tau: Any) -> jax.Array:
+    """``exp(-dt / tau)`` per unit; through ``etp_elemwise_p`` when ``tau`` is learned
+    (a ``ParamState`` from :func:`time_constant`), so the compiler traces it."""
+    from .. import ops
+
+    decay = Decay(get_dt(layer))
+    try:
+        if isinstance(tau, brainstate.ParamState):
+            return ops.elementwise(tau.value, fn=decay)
+        return decay(tau)
+    except ConfigError as error:
+        raise ConfigError(f"{describe(layer)}: {error}") from None
+
+
+def parameter(layer: Any, value: Any, size: int | tuple[int, ...], learn: bool, what: str) -> Any:
+    """A per-unit constant broadcast to ``size`` (a threshold, a gain, ...): a
+    ``ParamState`` when ``learn``, else the array. Read it with :func:`read`."""
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    return brainstate.ParamState(make_param(value, shape, what, layer)) if learn else make_param(value, shape, what, layer)
+
+
+def read(value: Any) -> Any:
+    """The value of a :func:`parameter` or :func:`time_constant`: a learned one through
+    the elementwise ETP op (so online rules trace it), a fixed one as it is."""
+    from .. import ops
+
+    return ops.elementwise(value.value) if isinstance(value, brainstate.ParamState) else value
+
+
+@runtime_checkable
+class SpikingLayer(Protocol):
+    """A layer whose ``spikes()`` returns the last step's spikes ``(B, *size)`` (0 / 1,
+    no gradient): what ``Trainer.record_spikes`` and the TensorBoard rasters read."""
+
+    def spikes(self) -> jax.Array: ...
+
+
+class Neuron(brainstate.nn.Module):
+    """Base class for a layer of neurons: hidden states by name, a size, and checks.
+
+    Subclass it, call ``super().__init__(size)``, declare each hidden state with
+    :meth:`hidden` and write one time step in ``update(x)``. States are created by
+    ``brainstate.nn.init_all_states(model, batch_size=B)`` with shape ``(B, *size)``
+    and reset by ``reset_all_states``; a floating-point state is traced by the online
+    rules, an integer or boolean one (a refractory counter) is carried without a trace.
+
+    Example::
+
+        class QIF(ef.layers.Neuron):
+            def __init__(self, n, tau=10.0, learn_tau=True):
+                super().__init__(n)
+                self.tau = ef.layers.time_constant(self, tau, n, learn=learn_tau)
+                self.hidden("V", init=0.0)
+            def update(self, x):
+                a = ef.layers.decay(self, self.tau)
+                self.V.value = a * self.V.value + 0.1 * self.V.value ** 2 + x
+                return self.V.value
+    """
+
+    def __init__(self, size: int | Sequence[int], name: str | None = None):
+        super().__init__(name=name)
+        cls = type(self)
+        if not any("update" in vars(k) for k in cls.__mro__ if issubclass(k, Neuron) and k is not Neuron):
+            raise TypeError(f"{cls.__name__} subclasses Neuron but defines no update(x): one time step of the neuron")
+        shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+        if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape):
+            raise ConfigError(f"{cls.__name__}: size must be a positive int or a tuple of them, got {size!r}")
+        self.size, self.shape = size, shape
+        self.in_size = self.out_size = shape
+        self._summary = f"{size}"
+        self._hidden_specs: dict[str, tuple[Any, Any]] = {}
+
+    def hidden(self, name: str, init: Any = 0.0, dtype: Any = None) -> None:
+        """Declare the hidden state ``self.<name>`` of shape ``(B, *size)``.
+
+        Args:
+            name: the attribute name (``"V"``); a ``brainstate.HiddenState`` after
+                ``init_all_states``.
+            init: a number or array broadcast to ``size``, or a ``brainstate.nn.init``
+                initializer; used at every (re)set.
+            dtype: the state's dtype: the environment's float dtype by default;
+                ``jnp.int32`` or ``bool`` for a counter or a flag (carried, no trace).
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{describe(self)}: hidden state name must be an identifier, got {name!r}")
+        if name in self._hidden_specs or hasattr(self, name):
+            raise ConfigError(f"{describe(self)}: '{name}' is already an attribute or a hidden state of this neuron")
+        if not callable(init):
+            try:
+                jnp.broadcast_to(jnp.asarray(u.get_mantissa(init)), self.shape)
+            except ValueError:
+                raise ShapeError(f"{describe(self)}: init of hidden state '{name}' must broadcast to {self.shape}, "
+                                 f"got shape {jnp.shape(init)}") from None
+        self._hidden_specs[name] = (init, dtype)
+
+    def _hidden_value(self, init: Any, dtype: Any, batch_size: int | None) -> jax.Array:
+        dtype = brainstate.environ.dftype() if dtype is None else dtype
+        if callable(init):
+            value = brainstate.nn.init.param(init, self.shape, batch_size)
+        else:
+            shape = self.shape if batch_size is None else (batch_size, *self.shape)
+            value = jnp.broadcast_to(jnp.asarray(u.get_mantissa(init)), shape)
+        return jnp.asarray(value, dtype=dtype)
+
+    def init_state(self, batch_size: int | None = None, **kwargs) -> None:
+        for name, (init, dtype) in self._hidden_specs.items():
+            setattr(self, name, brainstate.HiddenState(self._hidden_value(init, dtype, batch_size)))
+
+    def reset_state(self, batch_size: int | None = None, **kwargs) -> None:
+        for name, (init, dtype) in self._hidden_specs.items():
+            getattr(self, name).value = self._hidden_value(init, dtype, batch_size)
