@@ -9,12 +9,15 @@ one canonical form so a rule is written once:
     D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1}
     Df (B, P, O, S)     ∂h^t/∂y^t per unit
     G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (DESIGN.md §5.8)
+    dY (B, P, O)        ∂L^t/∂y^t, the op output's gradient over every path of step t
+                        (dense and conv pairs; None for elementwise ones and for a
+                        relation's second pair)
 
-and a rule returns the *history part* of the step's gradient — ``G`` contracted with
-its traces of step ``t-1`` — with respect to the *effective* weight ``(K, O)`` (the
-op's weight after its weight function, with the bias as row ``K-1``), then advances its
-traces with ``X``, ``D`` and ``Df``. The exact one-step part comes from the step's
-pull-back, for every weight alike. Read
+and a rule returns the step's gradient with respect to the *effective* weight ``(K, O)``
+(the op's weight after its weight function, with the bias as row ``K-1``): the exact
+one-step part ``Xᵀ dY`` (when ``dY`` is given; elementwise parameters get theirs from
+the step's pull-back) plus the *history part*, ``G`` contracted with its traces of step
+``t-1``; then it advances its traces with ``X``, ``D`` and ``Df``. Read
 ``d_rtrl.py`` for the simplest rule, ``online.py`` for how signals are produced.
 """
 
@@ -40,6 +43,7 @@ class PairSignals(NamedTuple):
     D: jax.Array
     Df: jax.Array
     G: jax.Array
+    dY: jax.Array | None = None
 
 
 class Rule(Protocol):

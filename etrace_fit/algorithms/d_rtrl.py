@@ -1,10 +1,10 @@
 """D-RTRL (DESIGN.md §5.1): the diagonal RTRL trace, the size of the weight.
 
     ε[b,p,k,o,s]^t = Σ_s' D[b,p,o,s,s']^t ε[b,p,k,o,s']^{t-1} + Df[b,p,o,s]^t X[b,p,k]^t
-    history part of ∂L^t/∂W[k,o] = Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,k,o,s]^{t-1}
+    ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t + Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,k,o,s]^{t-1}
 
-with ``G = ∂L^t/∂h^{t-1}`` (DESIGN.md §5.8; the exact one-step part comes from the
-step's pull-back). Exact (equal to BPTT) for weights into a layer whose only
+with ``G = ∂L^t/∂h^{t-1}`` and ``dY = ∂L^t/∂y^t`` (DESIGN.md §5.8: the first sum is the
+exact one-step part). Exact (equal to BPTT) for weights into a layer whose only
 recurrence is per unit and whose influence on later losses runs only through its own
 hidden group, whatever the output reads. Memory ``B·P·K·O·S``.
 """
@@ -33,7 +33,7 @@ class DRTRL:
         return batch * pair.positions * pair.patch * pair.outputs * pair.num_states * itemsize
 
     def step(self, traces: jax.Array, signals: PairSignals, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-        X, D, Df, G = signals
+        X, D, Df, G, dY = signals
         dtype = traces.dtype
         # Σ_r D[..., s, r] · trace[..., r] written out over the few states: XLA fuses
         # these products, where an einsum with a tiny contraction became a slow
@@ -41,6 +41,8 @@ class DRTRL:
         carried = sum(D[:, :, None, :, :, r] * traces[:, :, :, :, None, r] for r in range(traces.shape[-1]))
         new = (carried + X[:, :, :, None, None] * Df[:, :, None, :, :]).astype(dtype)
         grad = jnp.einsum("bpos,bpkos->ko", G, traces)
+        if dY is not None:  # the one-step part
+            grad = grad + jnp.einsum("bpk,bpo->ko", X, dY)
         return grad, new
 
     def trace_norm(self, traces: jax.Array, t: jax.Array) -> jax.Array:

@@ -2,10 +2,11 @@
 
     ε_x^t = α ε_x^{t-1} + X^t
     ε_f^t = D^t ε_f^{t-1} + (1 − α) Df^t          (D over the state axis)
-    history part of ∂L^t/∂W[k,o] ≈ Σ_{b,p} ε_x[b,p,k]^{t-1} Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^{t-1} / (1 − α^t)
+    ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t
+                   + Σ_{b,p} ε_x[b,p,k]^{t-1} Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^{t-1} / (1 − α^t)
 
-with ``G = ∂L^t/∂h^{t-1}`` (DESIGN.md §5.8): zero at ``t = 0``, where the step's exact
-one-step gradient is the whole gradient. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
+with ``G = ∂L^t/∂h^{t-1}``, ``dY = ∂L^t/∂y^t`` (DESIGN.md §5.8): the first sum is the exact
+one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
 and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
 """
 
@@ -56,14 +57,19 @@ class ESDRTRL:
         return batch * pair.positions * (pair.patch + pair.outputs * pair.num_states) * itemsize
 
     def step(self, traces, signals: PairSignals, t: jax.Array):
-        X, D, Df, G = signals
+        X, D, Df, G, dY = signals
         eps_x, eps_f = traces
         alpha = self.alpha
         dtype = jnp.promote_types(G.dtype, jnp.float32)
         # The traces of step t-1 stand for ε^{t-1} with the bias correction 1 − α^t;
         # at t = 0 they are zero and so is the history part (no division by zero).
         correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
-        grad = jnp.einsum("bpk,bpos,bpos->ko", eps_x, G, eps_f) / correction
+        history = jnp.einsum("bpos,bpos->bpo", G, eps_f) / correction
+        if dY is None:
+            grad = jnp.einsum("bpk,bpo->ko", eps_x, history)
+        else:  # one GEMM for both parts: [X; ε_x]ᵀ [dY; history], inner dimension 2·B·P
+            grad = jnp.einsum("bpk,bpo->ko", jnp.concatenate([X, eps_x.astype(X.dtype)]),
+                              jnp.concatenate([dY, history.astype(dY.dtype)]))
         carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
         eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
         eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)

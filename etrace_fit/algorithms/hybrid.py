@@ -2,9 +2,12 @@
 
 Elementwise relations get D-RTRL (their trace is as small as the weight). Dense and conv
 relations get D-RTRL when its trace memory is within ``factor`` (default 4) of the
-ES-D-RTRL trace, else ES-D-RTRL. With a ``memory_budget`` (total trace bytes, e.g.
-``"64MiB"``), the pairs left on ES-D-RTRL are then moved to D-RTRL, cheapest first,
-while the whole plan's traces stay within the budget. ``algo`` may also name one rule for every pair, or be a
+ES-D-RTRL trace, else ES-D-RTRL. Then the pairs left on ES-D-RTRL move to D-RTRL — those
+whose D-RTRL gradient is exact (the compiler found no approximation for the weight)
+first, then the cheapest — while the plan's traces fit the memory budget: without a
+``memory_budget``, :data:`DEFAULT_BUDGET_PER_SAMPLE` bytes *per sample* (the plan then
+does not depend on the batch size); with one (total trace bytes, e.g. ``"64MiB"``), that
+total at the batch size given. ``algo`` may also name one rule for every pair, or be a
 dict ``{path pattern: rule name}`` that forces rules per weight (``fnmatch`` patterns on
 ``"layers.0.weight"``; unmatched weights follow the hybrid choice).
 """
@@ -23,7 +26,12 @@ from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
 
-__all__ = ["ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
+__all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
+
+#: Trace memory per sample the hybrid spends moving pairs to D-RTRL when no budget is
+#: given: at batch 32 that is 128 MiB. D-RTRL is the more accurate rule (exact where the
+#: compiler finds no approximation), so it is preferred wherever it fits.
+DEFAULT_BUDGET_PER_SAMPLE = 4 * 1024**2
 
 ONLINE_RULES = ("d_rtrl", "esd_rtrl", "hybrid")
 
@@ -49,6 +57,7 @@ class Plan:
     batch: int
     trace_dtype: Any
     memory_budget: int | None = None
+    hybrid: bool = False  # whether the hybrid chose any rule (the budget line of the report)
 
     def trace_bytes(self) -> tuple[int, ...]:
         itemsize = jnp.dtype(self.trace_dtype).itemsize
@@ -65,7 +74,7 @@ class Plan:
         compiler found (a path through a later layer's memory, dense recurrence,
         weight-to-weight, an untraced use) and ES-D-RTRL's factorisation."""
         found: dict[str, list[str]] = {}
-        for record in self.graph.diagnostics:
+        for record in self.graph.diagnostics:  # the same records as _structurally_approximate
             if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None:
                 found.setdefault(format_path(record.weight_path), []).append(record.message)
         for pair, rule in zip(self.pairs, self.rules):
@@ -89,7 +98,10 @@ class Plan:
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "-+-".join("-" * w for w in widths))
         total = _bytes(sum(self.trace_bytes()))
-        budget = "" if self.memory_budget is None else f", budget {_bytes(self.memory_budget)}"
+        if self.memory_budget is not None:
+            budget = f", budget {_bytes(self.memory_budget)}"
+        else:
+            budget = f", budget {_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
         why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
         return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
                 f"{jnp.dtype(self.trace_dtype).name}, total {total}{budget}):\n" + "\n".join(lines)
@@ -147,6 +159,12 @@ def _hybrid_rule(pair: TracedPair, batch: int, alpha: float, factor: float) -> R
     return d_rtrl if d_rtrl.trace_bytes(pair, batch, 1) <= factor * esd.trace_bytes(pair, batch, 1) else esd
 
 
+def _structurally_approximate(graph: ETraceGraph) -> set[str]:
+    """Weight paths whose D-RTRL gradient the compiler already finds approximate."""
+    return {format_path(d.weight_path) for d in graph.diagnostics
+            if d.kind in _APPROXIMATE_KINDS and d.weight_path is not None}
+
+
 def make_plan(
     graph: ETraceGraph,
     algo: str | Mapping[str, str],
@@ -184,13 +202,19 @@ def make_plan(
             chosen.append(n)
         else:
             rules.append(_rule_by_name(default, alpha))
-    if budget is not None and chosen:
+    if chosen:
+        # Bytes per sample without a budget (batch-free), at `batch` with one.
+        per = 1 if budget is None else batch
+        limit = DEFAULT_BUDGET_PER_SAMPLE if budget is None else budget
         itemsize = jnp.dtype(trace_dtype).itemsize
-        total = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
-        extra = {n: DRTRL().trace_bytes(pairs[n], batch, itemsize) - rules[n].trace_bytes(pairs[n], batch, itemsize)
+        total = sum(rule.trace_bytes(pair, per, itemsize) for pair, rule in zip(pairs, rules))
+        extra = {n: DRTRL().trace_bytes(pairs[n], per, itemsize) - rules[n].trace_bytes(pairs[n], per, itemsize)
                  for n in chosen if rules[n].name == "esd_rtrl"}
-        for n in sorted(extra, key=lambda n: (extra[n], n)):
-            if total + extra[n] <= budget:
+        approximate = _structurally_approximate(graph)
+        exact_first = sorted(extra, key=lambda n: (format_path(pairs[n].relation.weight_path) in approximate,
+                                                   extra[n], n))
+        for n in exact_first:
+            if total + extra[n] <= limit:
                 rules[n], total = DRTRL(), total + extra[n]
     return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
-                memory_budget=budget)
+                memory_budget=budget, hybrid=bool(chosen))

@@ -78,22 +78,38 @@ def build_online(
             capture[eqn.invars[0]] = True
 
     hidden_positions = [module.leaf_offsets[state.path] for state in hidden]
+    # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
+    # GEMM with the history part), so the pull-back stops at their trainable operands
+    # and returns δy = ∂L^t/∂y instead. Elementwise parameters keep the weight pull-back.
+    fused = list(dict.fromkeys(p.relation.eqn_index for p in pairs if p.kind != "elementwise"))
+    fused_positions = {i: etp_op_info(eqns[i].primitive).trainable_positions(len(eqns[i].invars)).values()
+                       for i in fused}
 
-    def forward(weight_leaves, hidden_prev, state_leaves, input_leaves, target):
-        """One step as a function of the weights and the previous hidden values."""
+    def forward(weight_leaves, hidden_prev, y_perturbations, state_leaves, input_leaves, target):
+        """One step as a function of the weights, the previous hidden values and a
+        perturbation of each fused relation's output."""
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
             leaves[position] = weight_leaves[n]
         for position, value in zip(hidden_positions, hidden_prev):
             leaves[position] = value
+        perturbation_of = dict(zip(fused, y_perturbations))
         captured = {}
+
+        def override(index, eqn, invals):
+            if index not in perturbation_of:
+                return None
+            invals = list(invals)
+            for position in fused_positions[index]:
+                invals[position] = lax.stop_gradient(invals[position])
+            return [_compat.eval_equation(eqn, invals)[0] + perturbation_of[index]]
 
         def on_write(var, value):
             if var in capture:
                 captured[var] = value
             return value
 
-        outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], on_write=on_write)
+        outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], override=override, on_write=on_write)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
         loss = step_loss(outputs, target)
         return loss, (outs[num_outputs:], [captured[var] for var in capture], outputs)
@@ -142,15 +158,18 @@ def build_online(
 
     def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
         hidden_prev = [state_leaves[position] for position in hidden_positions]
+        y_zeros = [jnp.zeros(eqns[i].outvars[0].aval.shape, eqns[i].outvars[0].aval.dtype) for i in fused]
         loss, pullback, (new_leaves, captured_values, outputs) = jax.vjp(
-            lambda w, h: forward(w, h, state_leaves, input_leaves, target), list(weight_leaves), hidden_prev,
-            has_aux=True,
+            lambda w, h, p: forward(w, h, p, state_leaves, input_leaves, target), list(weight_leaves), hidden_prev,
+            y_zeros, has_aux=True,
         )
         captured = dict(zip(capture, captured_values))
-        # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): every weight's exact
-        # one-step gradient ∂L^t/∂θ|h^{t-1}, and the learning signal ∂L^t/∂h^{t-1} that
-        # the rules contract with the traces of the step before.
-        weight_grads, signals = pullback(jnp.ones_like(loss))
+        # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): the exact one-step
+        # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the rule
+        # turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1} that the rules
+        # contract with the traces of the step before.
+        weight_grads, signals, output_grads = pullback(jnp.ones_like(loss))
+        output_grad_of = dict(zip(fused, output_grads))
 
         leaves = list(state_leaves)
         for n, position in enumerate(weight_positions):
@@ -158,8 +177,13 @@ def build_online(
         jacobians, sensitivities = transition_derivatives(leaves, list(input_leaves), captured)
         signal_of = {s.path: signals[k] for k, s in enumerate(hidden)}
 
-        pair_grads, new_traces = [], []
+        pair_grads, new_traces, one_step_taken = [], [], set()
         for pair, rule, eqn, trace in zip(pairs, rules, pair_eqns, traces):
+            index = pair.relation.eqn_index
+            dY = None
+            if index in output_grad_of and index not in one_step_taken:  # once per relation
+                one_step_taken.add(index)
+                dY = pair.canonical_units(output_grad_of[index], 0).astype(trace_dtype)
             Df = sensitivities[pair.index]
             G = jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1)
             batch = G.shape[0]
@@ -169,6 +193,7 @@ def build_online(
                 D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
                 Df=pair.canonical_units(Df, 1).astype(trace_dtype),
                 G=pair.canonical_units(G, 1).astype(trace_dtype),
+                dY=dY,
             )
             grad, trace = rule.step(trace, canonical, t)
             pair_grads.append(grad)

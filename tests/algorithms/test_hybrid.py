@@ -3,8 +3,10 @@ report, per-weight overrides, and configuration errors.
 
 Rule of the module docstring: elementwise relations get D-RTRL; a dense or conv
 relation gets D-RTRL when its trace (``B·P·K·O·S``) is within 4x of the ES-D-RTRL trace
-(``B·P·(K + O·S)``), else ES-D-RTRL. The expected choices and byte counts below are
-computed from those formulas by hand.
+(``B·P·(K + O·S)``), else ES-D-RTRL; then pairs move to D-RTRL, exact ones first, while
+the traces fit the budget (default: 4 MiB per sample). ``big_plan`` passes a budget of
+0 unless told otherwise, to test the factor rule alone. The expected choices and byte
+counts below are computed from those formulas by hand.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def big_model():
 
 
 def big_plan(algo="hybrid", **kwargs):
+    kwargs.setdefault("memory_budget", 0)
     model, xs, ys = big_model()
     with brainstate.environ.context(dt=1.0):
         return ef.algorithms.plan_for(model, xs, ys, mse, algo=algo, **kwargs)[1]
@@ -107,7 +110,7 @@ def test_hybrid_threshold_is_four_times_the_esd_trace(in_size, out_size, expecte
                               L.LIF(out_size))
         brainstate.nn.init_all_states(model, batch_size=2)
         xs = jnp.zeros((3, 2, in_size))
-        _, plan = ef.algorithms.plan_for(model, xs, None, lambda out, _: out.sum())
+        _, plan = ef.algorithms.plan_for(model, xs, None, lambda out, _: out.sum(), memory_budget=0)
     assert [rule.name for rule in plan.rules] == [expected]
 
 
@@ -216,3 +219,39 @@ def test_parse_bytes_reads_sizes(value, expected):
 def test_a_bad_budget_is_a_config_error_naming_the_argument(value):
     with pytest.raises(ef.ConfigError, match="memory_budget"):
         big_plan(memory_budget=value)
+
+
+# ---------------------------------------------------------------- default budget
+def _two_layer_plan(batch, in_size=16, **kwargs):
+    """Linear(in, 64) → LIF → Linear(64, 64) → LIF → Linear: the first weight is
+    approximate (the second LIF's memory), the second exact; both start on ES-D-RTRL."""
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(in_size, 64, b_init=np.zeros(64)), L.LIF(64),
+                              L.Linear(64, 64, b_init=np.zeros(64)), L.LIF(64), L.Linear(64, 2))
+        brainstate.nn.init_all_states(model, batch_size=batch)
+        xs, ys = jnp.zeros((2, batch, in_size)), jnp.zeros((2, batch, 2))
+        return ef.algorithms.plan_for(model, xs, ys, mse, **kwargs)[1]
+
+
+def test_without_a_budget_d_rtrl_is_chosen_per_sample_and_the_plan_is_batch_free():
+    from etrace_fit.algorithms.hybrid import DEFAULT_BUDGET_PER_SAMPLE
+
+    assert DEFAULT_BUDGET_PER_SAMPLE == 4 * 2**20
+    assert rules_by_weight(big_plan(memory_budget=None)) == {"layers.0.weight": "d_rtrl", "layers.1.tau": "d_rtrl"}
+    assert "budget 4.0 MiB per sample (default)" in big_plan(memory_budget=None).report()
+    plans = [_two_layer_plan(batch) for batch in (1, 2, 32)]
+    assert len({tuple(rule.name for rule in plan.rules) for plan in plans}) == 1
+    assert rules_by_weight(plans[0]) == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
+    # 16385·64·4 B per sample is more than 4 MiB: the factor rule's ES-D-RTRL stays
+    assert rules_by_weight(_two_layer_plan(2, in_size=16384))["layers.0.weight"] == "esd_rtrl"
+
+
+def test_the_budget_goes_to_exact_weights_before_cheaper_approximate_ones():
+    batch, item = 2, 4
+    esd = batch * item * ((17 + 64) + (65 + 64))
+    extra_first, extra_second = batch * item * (17 * 64 - 81), batch * item * (65 * 64 - 129)
+    assert extra_first < extra_second  # the first weight is the cheaper move, but approximate
+    plan = _two_layer_plan(batch, memory_budget=esd + extra_second)
+    assert rules_by_weight(plan) == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}
+    plan = _two_layer_plan(batch, memory_budget=esd + extra_second + extra_first)
+    assert rules_by_weight(plan) == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
