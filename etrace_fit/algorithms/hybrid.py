@@ -28,9 +28,8 @@ from .esd_rtrl import ESDRTRL
 
 __all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
 
-#: Trace memory per sample the hybrid spends moving pairs to D-RTRL when no budget is
-#: given: at batch 32 that is 128 MiB. D-RTRL is the more accurate rule (exact where the
-#: compiler finds no approximation), so it is preferred wherever it fits.
+#: Trace memory per sample the hybrid spends moving pairs whose D-RTRL gradient is exact
+#: to D-RTRL when no budget is given: at batch 32 that is 128 MiB.
 DEFAULT_BUDGET_PER_SAMPLE = 4 * 1024**2
 
 ONLINE_RULES = ("d_rtrl", "esd_rtrl", "hybrid")
@@ -211,10 +210,11 @@ def make_plan(
         extra = {n: DRTRL().trace_bytes(pairs[n], per, itemsize) - rules[n].trace_bytes(pairs[n], per, itemsize)
                  for n in chosen if rules[n].name == "esd_rtrl"}
         approximate = _structurally_approximate(graph)
-        exact_first = sorted(extra, key=lambda n: (format_path(pairs[n].relation.weight_path) in approximate,
-                                                   extra[n], n))
-        for n in exact_first:
-            if total + extra[n] <= limit:
+        is_approximate = {n: format_path(pairs[n].relation.weight_path) in approximate for n in extra}
+        for n in sorted(extra, key=lambda n: (is_approximate[n], extra[n], n)):
+            # The default budget buys exactness only: an approximate weight moves to the
+            # (today much slower) D-RTRL when the user sets a budget.
+            if total + extra[n] <= limit and (budget is not None or not is_approximate[n]):
                 rules[n], total = DRTRL(), total + extra[n]
     return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
                 memory_budget=budget, hybrid=bool(chosen))
