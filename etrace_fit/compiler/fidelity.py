@@ -91,18 +91,21 @@ def _record(relation: Relation, reason: str, message: str) -> Diagnostic:
 
 
 def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int, tuple[str, ...]]:
-    """Per relation: the primitives outside its operand chain that read one of its
-    weight leaves and whose result reaches a new hidden value."""
+    """Per relation: the plain (non-ETP) primitives outside every operand chain that
+    read one of its weight leaves and whose result reaches a new hidden value."""
     leaf_vars = {(s.path, leaf): var for s in module.weights for var, leaf in zip(s.in_vars, s.leaf_names)}
     hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
     eqns = module.jaxpr.eqns
+    # Equations that feed a weight into an ETP op (the op, its masks and casts): traced uses.
+    traced = {i for relation in relations for i in _operand_chain(
+        module, relation, {leaf_vars[(o.path, o.leaf)] for o in relation.operands})}
+    traced |= {i for i, eqn in enumerate(eqns) if etp_op_info(eqn.primitive) is not None}
     found = {}
     for relation in relations:
         leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
-        chain = _operand_chain(module, relation, leaves)
         uses = []
         for index, eqn in enumerate(eqns):
-            if index == relation.eqn_index or index in chain:
+            if index in traced:
                 continue
             if any(not isinstance(v, _compat.Literal) and v in leaves for v in eqn.invars):
                 if hidden_new & _reached(module, eqn.outvars, after=index):

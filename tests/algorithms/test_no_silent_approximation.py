@@ -1,0 +1,73 @@
+"""No silent approximation: wherever an online gradient differs from BPTT's (float64,
+relative error above 1e-6), compiling named that weight in an ApproximationWarning and
+the plan lists it; a weight BPTT gives a non-zero gradient never gets zero silently."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import etrace_fit as ef
+
+from ._helpers import MODELS, B, I, O, T, Case, leaves_by_name, mse, rel_err
+from .test_approximations import (_gru, _lstm, _rate_readout, _recurrent_lif, _spike_readout, _two_lif)
+from .test_sequence_grad import FusedGate, PlainRecurrent, lin
+
+BUILDERS = {
+    "lif": MODELS["lif"][0],
+    "alif_learn_tau": MODELS["alif_learn_tau"][0],
+    "conv1d_lif": MODELS["conv1d_lif"][0],
+    "shared_weight": MODELS["shared_weight"][0],
+    "gru": _gru,
+    "lstm": _lstm,
+    "recurrent_lif": _recurrent_lif,
+    "two_lif": _two_lif(20.0),
+    "rate_readout": _rate_readout,
+    "spike_readout": _spike_readout,
+    "plain_recurrent": lambda: ef.Sequential(PlainRecurrent(), lin(8, O, 2)),
+    "fused_gate": lambda: ef.Sequential(FusedGate(), lin(8, O, 2)),
+}
+X_SHAPES = {"conv1d_lif": MODELS["conv1d_lif"][1]}
+
+
+def _by_weight(leaves: dict) -> dict:
+    """``{"layers.0.weight": [leaf arrays]}`` from leaf names like ``layers.0.weight['bias']``."""
+    grouped: dict = {}
+    for name, value in leaves.items():
+        grouped.setdefault(name.split("[")[0], []).append(value)
+    return grouped
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl", "hybrid"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("lstm", "conv1d_lif", "shared_weight",
+                                                                                   "alif_learn_tau") else n
+                                  for n in BUILDERS])
+def test_every_inexact_weight_is_named(name, algo):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the BPTT reference's model build
+        case = Case(BUILDERS[name], X_SHAPES.get(name, (T, B, I)), (T, B, O), 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grads, _ = case.run(algo, decay=0.8)
+    named = " ".join(str(w.message) for w in caught if issubclass(w.category, ef.ApproximationWarning))
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo=algo, decay=0.8)
+    listed = plan.approximations()
+    online, reference = _by_weight(leaves_by_name(grads)), _by_weight(leaves_by_name(case.ref_grads))
+    inexact = []
+    for path, ref_leaves in reference.items():
+        for got, ref in zip(online[path], ref_leaves):
+            if np.max(np.abs(ref)) == 0:
+                continue
+            if np.max(np.abs(got)) == 0 or rel_err(got, ref) > 1e-6:
+                inexact.append(path)
+                assert f"the online gradient of {path} is approximate" in named, (path, named)
+                assert path in listed, (path, listed)
+                break
+    if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight") and algo != "esd_rtrl":
+        assert inexact == [] and named == ""  # exact models stay silent
+    if name in ("gru", "two_lif", "rate_readout", "plain_recurrent", "fused_gate"):
+        assert inexact, "this model was expected to have an approximate weight"
