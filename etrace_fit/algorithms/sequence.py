@@ -60,7 +60,7 @@ def _algo_key(algo: Any) -> Any:
     return tuple(sorted(algo.items())) if isinstance(algo, Mapping) else algo
 
 
-def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None):
+def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None, plan_batch=None):
     if not isinstance(algo, Mapping) and algo not in ALGOS:
         raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
                           f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
@@ -88,7 +88,8 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
             raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
 
     example = jax.tree.map(lambda x: x[0], xs)
-    key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), memory_budget, step_loss)
+    key = (_signature(xs), _signature(targets), _algo_key(algo), alpha, str(trace_dtype), memory_budget, step_loss,
+           plan_batch)
     entries = _CACHE.setdefault(model, {})
     if key in entries and not _same_states(model, entries[key][0]):
         entries.clear()  # init_all_states made new state objects: compile again
@@ -99,6 +100,7 @@ def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
             plan, program = None, build_bptt(graph, step_loss)
         else:
             batch = graph.hidden_groups[0].shape[0] if graph.hidden_groups[0].shape else 1
+            batch = batch if plan_batch is None else plan_batch
             dtype = jnp.dtype(graph.hidden_groups[0].dtype) if trace_dtype is None else trace_dtype
             plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype, memory_budget=memory_budget)
             warn_approximations(plan, stacklevel=4)
@@ -161,10 +163,13 @@ class CompiledSequence:
 
 
 def compile_sequence(model, xs, targets, step_loss, algo="hybrid", decay=None, rank=None,
-                     trace_dtype=None, memory_budget=None) -> CompiledSequence:
+                     trace_dtype=None, memory_budget=None, plan_batch=None) -> CompiledSequence:
     """The compiled step, plan and pure program :func:`sequence_grad` would run
-    (cached: the same shapes share one program)."""
-    graph, plan, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
+    (cached: the same shapes share one program). ``plan_batch``: the batch size the
+    plan's memory budget is counted at (default: ``xs``'s), so that a caller whose
+    batches differ in size (a last, smaller batch) keeps one plan."""
+    graph, plan, _, program = _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget,
+                                       plan_batch)
     return CompiledSequence(graph, plan, program)
 
 

@@ -315,8 +315,12 @@ class Trainer:
     def _compiled(self, xs, ys, weight):
         with warnings.catch_warnings():
             warnings.simplefilter("once", UserWarning)
+            # The plan is chosen at the first batch's size and kept for every later shape
+            # (a last, smaller batch must not change a weight's rule under the report).
+            first_plan = None if self._plan is None else self._plan[1]
+            plan_batch = xs.shape[1] if first_plan is None else first_plan.batch
             compiled = compile_sequence(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
-                                        decay=self.decay, memory_budget=self.memory_budget)
+                                        decay=self.decay, memory_budget=self.memory_budget, plan_batch=plan_batch)
         if self._plan is None:
             self._plan = (compiled.graph, compiled.plan)
         return compiled
