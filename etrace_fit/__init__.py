@@ -6,7 +6,7 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 """
 
 from . import algorithms, compiler, errors, layers, ops
-from .algorithms import gradient_fidelity, online_fit, sequence_grad
+from .algorithms import Learner, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import ApproximationWarning, CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
@@ -21,12 +21,14 @@ __all__ = [
     "ConfigError",
     "ETraceGraph",
     "History",
+    "Learner",
     "EtraceError",
     "Sequential",
     "ShapeError",
     "Trainer",
     "__version__",
     "algorithms",
+    "compile",
     "compile_graph",
     "compiler",
     "errors",

@@ -10,17 +10,20 @@ from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
 from .fidelity import WeightFidelity, gradient_fidelity
 from .hybrid import Plan, make_plan
-from .sequence import CompiledSequence, compile_sequence, online_fit, plan_for, sequence_grad
+from .learner import CompiledSequence, Learner, compile
+from .sequence import compile_sequence, online_fit, plan_for, sequence_grad
 
 __all__ = [
     "CompiledSequence",
     "DRTRL",
+    "Learner",
     "ESDRTRL",
     "PairSignals",
     "Plan",
     "Rule",
     "TracedPair",
     "WeightFidelity",
+    "compile",
     "compile_sequence",
     "gradient_fidelity",
     "make_plan",

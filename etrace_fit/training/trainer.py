@@ -1,7 +1,7 @@
 """``Trainer``: Keras-style ``fit`` / ``evaluate`` / ``predict`` over online learning rules.
 
 Each training step over a batch of sequences is **one** jitted call: the rule's scan
-over time (:func:`etrace_fit.algorithms.compile_sequence`), the metrics on the outputs
+over time (from the :class:`etrace_fit.Learner` compiled on the first batch), the metrics on the outputs
 that scan produced, and the optax update, compiled once per input shape (a last,
 smaller batch compiles once, not every epoch). Evaluation is one jitted call per batch
 as well. Data goes through :mod:`etrace_fit.training.data`; losses and metrics are per
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..algorithms import compile_sequence, gradient_fidelity
+from ..algorithms import gradient_fidelity
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.sequence import ALGOS
+from ..algorithms.learner import ALGOS, _check_batch_axis, compile as compile_learner
 from ..callbacks import CallbackList, ProgressBar
 from ..compiler import format_path
 from . import checkpoint
@@ -124,7 +124,7 @@ class Trainer:
         optimizer = optax.adam(1e-3) if optimizer is None else optimizer
         self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
         self.opt_state = None
-        self._plan = None  # (graph, plan) of the first training batch, for report()
+        self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
         self.history = History()
@@ -254,6 +254,9 @@ class Trainer:
             if len(validation_data[0]):
                 self.sample_input = np.asarray(validation_data[0][:, 0] if self.time_major else validation_data[0][0])
         self.stop_training = False
+        if self.learner is not None and not self.learner.is_current():
+            self.learner = None  # a layer attribute changed or states were recreated: compile again
+            self._steps.clear()
         params = self._params()
         callbacks = list(callbacks or [])
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -313,17 +316,16 @@ class Trainer:
         return self.history
 
     def _compiled(self, xs, ys, weight):
-        with warnings.catch_warnings():
-            warnings.simplefilter("once", UserWarning)
-            # The plan is chosen at the first batch's size and kept for every later shape
-            # (a last, smaller batch must not change a weight's rule under the report).
-            first_plan = None if self._plan is None else self._plan[1]
-            plan_batch = xs.shape[1] if first_plan is None else first_plan.batch
-            compiled = compile_sequence(self.model, xs, (ys, weight), self._step_loss, algo=self.algo,
-                                        decay=self.decay, memory_budget=self.memory_budget, plan_batch=plan_batch)
-        if self._plan is None:
-            self._plan = (compiled.graph, compiled.plan)
-        return compiled
+        """The program for this batch's shape, from the learner compiled on the first
+        batch: its plan is kept for every later shape (a last, smaller batch must not
+        change a weight's rule under the report)."""
+        if self.learner is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("once", UserWarning)
+                _check_batch_axis(self.model, jax.tree.leaves(xs))
+                self.learner = compile_learner(self.model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
+                                       memory_budget=self.memory_budget, plan_batch=xs.shape[1])
+        return self.learner.compiled(xs, (ys, weight))
 
     def _build_step(self, compiled):
         """The whole training step over one batch as one pure function (jitted once
@@ -469,18 +471,14 @@ class Trainer:
     def rules(self) -> dict[str, str]:
         """The rule per traced weight path (``{"layers.0.weight": "d_rtrl", ...}``) of
         the plan compiled on the first training batch; empty for BPTT or before ``fit``."""
-        plan = None if self._plan is None else self._plan[1]
-        if plan is None:
-            return {}
-        return {format_path(p.relation.weight_path): r.name for p, r in zip(plan.pairs, plan.rules)}
+        return {} if self.learner is None else self.learner.rules
 
     def report(self) -> str:
-        """The compile report with the rule chosen per weight and its trace memory
-        (available once ``fit`` has seen a batch)."""
-        if self._plan is None:
+        """The compile report with the rule chosen per weight, its trace memory and which
+        gradients are approximate (available once ``fit`` has seen a batch)."""
+        if self.learner is None:
             raise ConfigError("the model is compiled on the first training batch; call fit first")
-        graph, plan = self._plan
-        return graph.report() + "\n\nalgo='bptt': exact gradients, memory grows with T" if plan is None else plan.report()
+        return self.learner.report()
 
     # ----------------------------------------------------------- learning rate
     def _init_optimizer(self, values: Any) -> None:

@@ -1,0 +1,282 @@
+"""``compile``: a model made ready for online learning, as one explicit value.
+
+``learner = ef.compile(model, x_t, step_loss, algo="hybrid")`` traces one step, finds
+the relations, chooses a rule per traced weight *once* (never again for another batch
+size) and reports the choice. ``learner.grad(xs, ys)`` runs a sequence; the pure,
+jitted program per input shape lives in the learner, not in a module-level cache, so
+nothing outlives it. After changing the model (a layer attribute, new states), compile
+again; :meth:`Learner.is_current` tells whether that is needed. Read ``sequence.py`` for
+the one-call functions built on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from ..compiler import ETraceGraph, compile_graph, format_path
+from ..compiler.module_info import module_info
+from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
+from .base import traced_pairs
+from .bptt import build_bptt
+from .esd_rtrl import resolve_decay
+from .hybrid import Plan, make_plan, parse_bytes
+from .online import build_online
+
+__all__ = ["ALGOS", "CompiledSequence", "Learner", "compile"]
+
+ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
+_TRACE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSequence:
+    """A model's step compiled for one input shape: the graph traced at that shape, the
+    plan (the learner's rules on that graph's pairs; ``None`` for BPTT), the pure
+    ``program`` and its jitted ``run``.
+
+    ``program.run(weight_leaves, state_leaves, xs_leaves, targets, collect=...)`` is
+    pure; :meth:`weight_leaves`, :meth:`state_leaves`, :meth:`per_state` and
+    :meth:`write_states` move values between it and the model's states.
+    """
+
+    graph: Any
+    plan: Any
+    program: Any
+    run: Any = dataclasses.field(repr=False, default=None)
+    updates: dict = dataclasses.field(default_factory=dict, repr=False)  # online_fit's jitted loops
+
+    @property
+    def module(self):
+        return self.graph.module
+
+    def weight_leaves(self, values: Mapping | None = None) -> list:
+        """The program's weight leaves, from the states or from ``values`` keyed by path."""
+        if values is None:
+            return [leaf for s in self.module.weights for leaf in jax.tree.leaves(s.state.value)]
+        return [leaf for s in self.module.weights for leaf in jax.tree.leaves(values[s.path])]
+
+    def state_leaves(self) -> list:
+        return self.module.state_leaves()
+
+    def per_state(self, weight_leaves) -> dict:
+        """Weight leaves (in ``module.weights`` order) regrouped per ParamState path."""
+        out, cursor = {}, 0
+        for state in self.module.weights:
+            count = len(state.in_vars)
+            out[state.path] = jax.tree.unflatten(jax.tree.structure(state.state.value),
+                                                 weight_leaves[cursor:cursor + count])
+            cursor += count
+        return out
+
+    def write_states(self, final_leaves) -> None:
+        """Leave the model's written non-weight states where a run ended."""
+        cursor = 0
+        for state in self.module.states:
+            count = len(state.in_vars)
+            if state.kind != "weight" and state.written:
+                state.state.value = jax.tree.unflatten(jax.tree.structure(state.state.value),
+                                                       final_leaves[cursor:cursor + count])
+            cursor += count
+
+
+def _same_states(model: Any, graph: ETraceGraph) -> bool:
+    """Whether ``graph`` still refers to the model's current state objects."""
+    current = model.states()
+    return all(current.get(info.path) is info.state for info in graph.module.states)
+
+
+def _example_args(example: Any) -> tuple:
+    return example if isinstance(example, tuple) else (example,)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Learner:
+    """A model compiled for online learning (see the module docstring).
+
+    Attributes:
+        model: the ``brainstate`` module.
+        graph: what the compiler found in one step (at the example's shape).
+        plan: the rule per traced weight, chosen once (``None`` for BPTT).
+        algo, alpha, trace_dtype, memory_budget: the options it was compiled with.
+        step_loss: ``(output_t, target_t) -> scalar`` used by :meth:`grad` (optional).
+    """
+
+    model: Any
+    graph: ETraceGraph
+    plan: Plan | None
+    algo: Any
+    alpha: float
+    trace_dtype: Any
+    memory_budget: int | None
+    step_loss: Callable | None = None
+    _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def rules(self) -> dict[str, str]:
+        """``{"layers.0.weight": "d_rtrl", ...}`` for every traced weight (empty for BPTT)."""
+        if self.plan is None:
+            return {}
+        return {format_path(p.relation.weight_path): r.name for p, r in zip(self.plan.pairs, self.plan.rules)}
+
+    def approximations(self) -> dict[str, tuple[str, ...]]:
+        """``{weight path: reasons}`` for every weight whose online gradient is not
+        BPTT's (empty for BPTT): see :meth:`Plan.approximations`."""
+        return {} if self.plan is None else self.plan.approximations()
+
+    def report(self) -> str:
+        """The compile report, the rule and trace memory per weight, and which
+        gradients are approximate and why."""
+        if self.plan is None:
+            return self.graph.report() + "\n\nalgo='bptt': exact gradients, memory grows with T"
+        return self.plan.report()
+
+    def is_current(self) -> bool:
+        """Whether the model still compiles to the same step (no layer attribute such as
+        a threshold changed); if not, compile it again. (Recreated states — a new
+        ``init_all_states`` — are picked up by :meth:`compiled` on its own.)"""
+        graph = self.graph
+        example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
+        example = jax.tree.unflatten(graph.module.input_treedef, [jnp.zeros(e.shape, e.dtype) for e in example])
+        try:
+            now = module_info(self.model, *example)
+        except Exception:  # the model no longer takes these inputs
+            return False
+        return str(now.closed_jaxpr) == str(graph.module.closed_jaxpr)
+
+    def compiled(self, xs: Any, targets: Any, step_loss: Callable | None = None) -> CompiledSequence:
+        """The program for time-major ``xs (T, B, ...)`` and ``targets`` (compiled once
+        per input shape; the plan's rules are reused at every batch size)."""
+        step_loss = self.step_loss if step_loss is None else step_loss
+        if not callable(step_loss):
+            raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got "
+                              f"{type(step_loss).__name__}")
+        key = (_signature(xs), _signature(targets), step_loss)
+        entry = self._compiled.get(key)
+        if entry is None or not _same_states(self.model, entry.graph):  # states recreated: trace again
+            _check_batch_axis(self.model, jax.tree.leaves(xs))
+            example = jax.tree.map(lambda x: x[0], xs)
+            graph = compile_graph(self.model, *_example_args(example))
+            if self.plan is None:
+                plan, program = None, build_bptt(graph, step_loss)
+            else:
+                plan = self._plan_on(graph)
+                program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype)
+            self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
+        return self._compiled[key]
+
+    def _plan_on(self, graph: ETraceGraph) -> Plan:
+        """This learner's plan on ``graph`` (the same step at another batch size)."""
+        if graph is self.graph:
+            return self.plan
+        pairs = traced_pairs(graph)
+        mine = [(p.relation.eqn_index, p.group.paths) for p in self.plan.pairs]
+        if [(p.relation.eqn_index, p.group.paths) for p in pairs] != mine:
+            raise CompilationError("the model's step relates other weights at this input shape than at the one it "
+                                   "was compiled with; compile it with an example of this shape")
+        return dataclasses.replace(self.plan, graph=graph, pairs=pairs)
+
+    def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
+        """``(grads, losses)`` of one sequence, as :func:`etrace_fit.sequence_grad`."""
+        compiled = self.compiled(xs, targets)
+        module = compiled.module
+        grads_leaves, losses, final = compiled.run(compiled.weight_leaves(), module.state_leaves(),
+                                                   jax.tree.leaves(xs), targets)
+        compiled.write_states(final)
+        grads = compiled.per_state(grads_leaves)
+        return {path: grads[path] if path in grads else jax.tree.map(jnp.zeros_like, param.value)
+                for path, param in self.model.states(brainstate.ParamState).items()}, losses
+
+
+def _signature(tree: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves)
+
+
+def _check_batch_axis(model, xs_leaves) -> None:
+    """xs is (T, B, ...) and every hidden state is (B, ...): say which disagrees."""
+    batch = jnp.shape(xs_leaves[0])[1]
+    for path, state in model.states(brainstate.HiddenState).items():
+        shape = tuple(jnp.shape(jax.tree.leaves(state.value)[0]))
+        if not shape or shape[0] != batch:
+            raise ShapeError(
+                f"sequence_grad: xs has shape {tuple(jnp.shape(xs_leaves[0]))}, read as time-major (T, B, ...) "
+                f"with B={batch}, but hidden state {format_path(path)} has shape {shape}; expected a "
+                f"leading batch axis of {batch}. Initialise states with brainstate.nn.init_all_states(model, "
+                f"batch_size=B), and pass xs time-major (swap axes 0 and 1 of batch-major data)"
+            )
+
+
+def check_algo(algo: Any) -> None:
+    if not isinstance(algo, Mapping) and algo not in ALGOS:
+        raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
+                          f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
+
+
+def compile(  # noqa: A001 - the public name, as ef.compile
+    model: Any,
+    example: Any,
+    step_loss: Callable[[Any, Any], jax.Array] | None = None,
+    *,
+    algo: str | Mapping[str, str] = "hybrid",
+    decay: float | None = None,
+    rank: int | None = None,
+    trace_dtype: Any = None,
+    memory_budget: Any = None,
+    plan_batch: int | None = None,
+    warn: bool = True,
+) -> Learner:
+    """Compile ``model`` for online learning: trace one step, plan a rule per weight.
+
+    Args:
+        model: a ``brainstate.nn.Module`` with initialised states (batch axis first).
+        example: one time step's input, ``(B, features...)`` (a tuple for several).
+        step_loss: ``(output_t, target_t) -> scalar``, for :meth:`Learner.grad`.
+        algo, decay, rank, trace_dtype, memory_budget: as in
+            :func:`etrace_fit.sequence_grad`.
+        plan_batch: the batch size a ``memory_budget`` is counted at (default: the
+            example's).
+        warn: raise one :class:`~etrace_fit.errors.ApproximationWarning` per weight
+            whose online gradient is approximate.
+
+    Returns:
+        a :class:`Learner`; ``print(learner.report())`` shows the plan.
+
+    Example::
+
+        learner = ef.compile(model, xs[0], lambda out, y: ((out - y) ** 2).sum(), algo="d_rtrl")
+        grads, losses = learner.grad(xs, ys)
+    """
+    check_algo(algo)
+    alpha = resolve_decay(decay, rank)
+    memory_budget = parse_bytes(memory_budget)
+    if trace_dtype is not None:
+        trace_dtype = jnp.dtype(trace_dtype)
+        if trace_dtype not in _TRACE_DTYPES:
+            raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
+    graph = compile_graph(model, *_example_args(example))
+    plan = None
+    if algo != "bptt":
+        group = graph.hidden_groups[0]
+        batch = (group.shape[0] if group.shape else 1) if plan_batch is None else plan_batch
+        dtype = jnp.dtype(group.dtype) if trace_dtype is None else trace_dtype
+        plan = make_plan(graph, algo, alpha=alpha, batch=batch, trace_dtype=dtype, memory_budget=memory_budget)
+        if warn:
+            warn_approximations(plan, stacklevel=3)
+    return Learner(model=model, graph=graph, plan=plan, algo=algo, alpha=alpha, trace_dtype=trace_dtype,
+                   memory_budget=memory_budget, step_loss=step_loss)
+
+
+def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:
+    """One :class:`~etrace_fit.errors.ApproximationWarning` per weight whose online
+    gradient under ``plan`` is approximate, naming it and saying why."""
+    import warnings
+
+    for path, reasons in plan.approximations().items():
+        warnings.warn(f"the online gradient of {path} is approximate: " + "; ".join(reasons)
+                      + "; see the plan's report(), measure it with ef.gradient_fidelity, or use algo='bptt'",
+                      ApproximationWarning, stacklevel=stacklevel)

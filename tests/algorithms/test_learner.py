@@ -1,0 +1,115 @@
+"""``ef.compile`` → ``Learner`` (etrace_fit/algorithms/learner.py): an explicit compile,
+a plan chosen once for every batch size, and no stale program after the model changes."""
+
+from __future__ import annotations
+
+import warnings
+
+import brainstate
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+
+from ._helpers import B, I, N, O, T, Case, assert_grads_match, lin, mse, reference_bptt
+
+
+def _lif():
+    return ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"), lin(N, O, 2))
+
+
+def test_compile_gives_a_learner_whose_gradient_is_bptts():
+    case = Case(_lif, (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        assert isinstance(learner, ef.Learner) and learner.is_current()
+        assert learner.rules == {"layers.0.weight": "d_rtrl"}
+        assert learner.approximations() == {}
+        assert "every weight gets its exact (BPTT) gradient" in learner.report()
+        grads, losses = learner.grad(case.xs, case.ys)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        same, _ = ef.sequence_grad(learner, case.xs, case.ys, None)  # a learner where a model goes
+    assert_grads_match(grads, case.ref_grads, 1e-8)
+    assert_grads_match(same, case.ref_grads, 1e-8)
+    np.testing.assert_allclose(np.asarray(losses), case.ref_losses, rtol=1e-12)
+
+
+def test_bptt_learner_reports_and_is_exact():
+    case = Case(_lif, (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="bptt")
+        grads, _ = learner.grad(case.xs, case.ys)
+    assert learner.plan is None and learner.rules == {} and "algo='bptt'" in learner.report()
+    assert_grads_match(grads, case.ref_grads, 1e-10)
+
+
+def test_the_plan_is_chosen_once_for_every_batch_size():
+    """Compiled at batch 8 with a total budget that D-RTRL fits only at batch 2: the
+    program for batch 2 keeps ES-D-RTRL, as the report says."""
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(6, 8), L.ALIF(8), L.LeakyRateReadout(8, 2))
+        brainstate.nn.init_all_states(model, batch_size=8)
+        budget = (92 + 72) * 8 + (448 - 92) * 2  # bytes per sample: see test_trainer's twin
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            learner = ef.compile(model, jnp.zeros((8, 6)), mse, memory_budget=budget)
+            brainstate.nn.reset_all_states(model, batch_size=2)
+            xs, ys = jnp.ones((5, 2, 6)), jnp.zeros((5, 2, 2))
+            small = learner.compiled(xs, ys)
+            fresh = ef.compile(model, xs[0], mse, memory_budget=budget)
+    assert learner.rules == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}
+    assert [r.name for r in small.plan.rules] == ["esd_rtrl", "d_rtrl"] and small.plan.batch == 8
+    assert small.graph.hidden_groups[0].shape == (2, 8)
+    assert fresh.rules["layers.0.weight"] == "d_rtrl"  # what a batch-2 plan would have chosen
+
+
+def test_a_changed_layer_attribute_is_never_served_a_stale_program():
+    """sequence_grad keeps a learner per model, but checks the step before reusing it:
+    after v_threshold changes, the gradient is BPTT's for the new threshold."""
+    case = Case(_lif, (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        before, _ = ef.sequence_grad(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+        case.model.layers[1].v_threshold = 0.5
+        assert not learner.is_current()
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        after, _ = ef.sequence_grad(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+        expected, _ = reference_bptt(case.model, case.xs, case.ys, mse, B)
+    assert_grads_match(before, case.ref_grads, 1e-8)
+    assert_grads_match(after, expected, 1e-8)
+    assert not np.allclose(after[("layers", 0, "weight")]["weight"], before[("layers", 0, "weight")]["weight"])
+
+
+def test_trainer_compiles_again_when_the_model_changed_between_fits():
+    rng = np.random.default_rng(0)
+    x, y = (rng.random((8, 10, I)) < 0.4).astype(np.float32), rng.integers(0, O, 8)
+    with brainstate.environ.context(dt=1.0):
+        model = _lif()
+        trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(1e-3))
+        trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        first = trainer.learner
+        trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        assert trainer.learner is first  # unchanged model: the same compiled learner
+        model.layers[1].v_threshold = 0.7
+        trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        assert trainer.learner is not first and trainer.learner.is_current()
+
+
+def test_compile_argument_errors():
+    with brainstate.environ.context(dt=1.0):
+        model = _lif()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        with pytest.raises(ef.ConfigError, match="unknown algo 'rtrl'"):
+            ef.compile(model, jnp.zeros((B, I)), mse, algo="rtrl")
+        with pytest.raises(ef.ConfigError, match="trace_dtype must be"):
+            ef.compile(model, jnp.zeros((B, I)), mse, trace_dtype=jnp.int32)
+        learner = ef.compile(model, jnp.zeros((B, I)), algo="d_rtrl")  # no loss: report only
+        assert "layers.0.weight" in learner.report()
+        with pytest.raises(ef.ConfigError, match="step_loss must be a callable"):
+            learner.grad(jnp.zeros((3, B, I)), jnp.zeros((3, B, O)))
