@@ -18,6 +18,7 @@ import numpy as np
 
 from ..compiler import format_path
 from ..errors import ApproximationWarning
+from .learner import Learner
 from .sequence import sequence_grad
 
 __all__ = ["WeightFidelity", "gradient_fidelity"]
@@ -49,7 +50,7 @@ def gradient_fidelity(
     model: Any,
     xs: Any,
     targets: Any,
-    step_loss: Callable[[Any, Any], jax.Array],
+    step_loss: Callable[[Any, Any], jax.Array] | None = None,
     algo: str | Mapping[str, str] = "hybrid",
     **options: Any,
 ) -> dict[str, WeightFidelity]:
@@ -57,7 +58,8 @@ def gradient_fidelity(
 
     Args:
         model, xs, targets, step_loss, algo: as in :func:`etrace_fit.sequence_grad`
-            (``xs`` time-major ``(T, B, ...)``); both runs start from the model's current
+            (``xs`` time-major ``(T, B, ...)``); ``model`` may be a :class:`Learner`
+            (its rules and loss are used). Both runs start from the model's current
             hidden states, which are left as they were.
         options: ``decay``, ``rank``, ``trace_dtype``, ``memory_budget`` for ``algo``.
 
@@ -67,20 +69,23 @@ def gradient_fidelity(
 
     Example::
 
-        for path, f in ef.gradient_fidelity(model, xs, ys, loss, algo="d_rtrl").items():
+        for path, f in ef.gradient_fidelity(learner, xs, ys).items():   # or (model, xs, ys, loss, algo=...)
             print(f"{path}: cosine {f.cosine:.3f}, norm ratio {f.norm_ratio:.2f}")
     """
-    hidden = model.states(brainstate.HiddenState)
+    network = model.model if isinstance(model, Learner) else model
+    if step_loss is None and isinstance(model, Learner):
+        step_loss = model.step_loss
+    hidden = network.states(brainstate.HiddenState)
     start = {path: state.value for path, state in hidden.items()}
 
-    def run(rule, **kwargs):
+    def run(model_or_learner, rule, **kwargs):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ApproximationWarning)  # measured here instead
-                return sequence_grad(model, xs, targets, step_loss, algo=rule, **kwargs)[0]
+                return sequence_grad(model_or_learner, xs, targets, step_loss, algo=rule, **kwargs)[0]
         finally:
             for path, state in hidden.items():
                 state.value = start[path]
 
-    online, reference = run(algo, **options), run("bptt")
+    online, reference = run(model, algo, **options), run(network, "bptt")
     return {format_path(path): _compare(_flat(online[path]), _flat(reference[path])) for path in reference}

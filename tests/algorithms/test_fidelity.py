@@ -118,3 +118,16 @@ def test_gradient_fidelity_callback_logs_to_history_and_later_callbacks():
 def test_gradient_fidelity_callback_checks_its_argument():
     with pytest.raises(ef.ConfigError, match="every_n_epochs must be a positive int, got 0"):
         GradientFidelity(np.zeros((1, 2, 3)), every_n_epochs=0)
+
+
+def test_fidelity_of_a_learner_uses_its_rules_and_loss():
+    case = Case(_two_lif, (T, B, I), (T, B, O), 64)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        from_learner = ef.gradient_fidelity(learner, case.xs, case.ys)
+        from_model = ef.gradient_fidelity(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+    assert from_learner.keys() == from_model.keys()
+    for path in from_model:
+        assert from_learner[path] == pytest.approx(from_model[path], abs=1e-12), path
