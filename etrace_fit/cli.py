@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from . import layers
-from .algorithms.sequence import ALGOS
+from .algorithms.registry import ALGOS
 from .callbacks import TensorBoard
 from .datasets import evidence_accumulation, rate_discrimination
 from .errors import EtraceError

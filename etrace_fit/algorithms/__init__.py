@@ -11,15 +11,18 @@ from .esd_rtrl import ESDRTRL, resolve_decay
 from .fidelity import WeightFidelity, gradient_fidelity
 from .hybrid import Plan, make_plan
 from .learner import CompiledSequence, Learner, compile
+from .registry import ALGOS, RULES
 from .sequence import compile_sequence, online_fit, plan_for, sequence_grad
 
 __all__ = [
+    "ALGOS",
     "CompiledSequence",
     "DRTRL",
     "Learner",
     "ESDRTRL",
     "PairSignals",
     "Plan",
+    "RULES",
     "Rule",
     "TracedPair",
     "WeightFidelity",

@@ -25,14 +25,14 @@ from ..errors import ConfigError
 from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
+from .registry import ONLINE_ALGOS, check_algo, make_rule
 
-__all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "ONLINE_RULES", "Plan", "make_plan", "parse_bytes"]
+__all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "make_plan", "parse_bytes"]
 
 #: Trace memory per sample the hybrid spends moving pairs whose D-RTRL gradient is exact
 #: to D-RTRL when no budget is given: at batch 32 that is 128 MiB.
 DEFAULT_BUDGET_PER_SAMPLE = 4 * 1024**2
 
-ONLINE_RULES = ("d_rtrl", "esd_rtrl", "hybrid")
 
 # Compiler records after which a weight's online gradient is not BPTT's.
 _APPROXIMATE_KINDS = (
@@ -77,10 +77,13 @@ class Plan:
             if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None:
                 found.setdefault(format_path(record.weight_path), []).append(record.message)
         for pair, rule in zip(self.pairs, self.rules):
-            if rule.name == "esd_rtrl" and pair.kind != "elementwise":
+            if isinstance(rule, ESDRTRL) and pair.kind != "elementwise":
                 found.setdefault(format_path(pair.relation.weight_path), []).append(
                     f"ES-D-RTRL factorises its trace into input and output parts (exact only where "
                     f"{pair.group.name}'s Jacobian is the constant decay {rule.alpha:g}; biases are exact)")
+            elif not isinstance(rule, (DRTRL, ESDRTRL)):
+                found.setdefault(format_path(pair.relation.weight_path), []).append(
+                    f"rule {rule.name!r} is not one whose exactness the library knows")
         return {path: tuple(dict.fromkeys(reasons)) for path, reasons in found.items()}
 
     def report(self) -> str:
@@ -143,14 +146,6 @@ def parse_bytes(value: Any, what: str = "memory_budget") -> int | None:
                       f"got {value!r}")
 
 
-def _rule_by_name(name: str, alpha: float) -> Rule:
-    if name == "d_rtrl":
-        return DRTRL()
-    if name == "esd_rtrl":
-        return ESDRTRL(alpha)
-    raise ConfigError(f"unknown rule {name!r} for a weight; valid: 'd_rtrl', 'esd_rtrl'")
-
-
 def _hybrid_rule(pair: TracedPair, batch: int, alpha: float, factor: float) -> Rule:
     if pair.kind == "elementwise":
         return DRTRL()
@@ -177,30 +172,30 @@ def make_plan(
     """Pick a rule for every traced pair of ``graph`` (see the module docstring)."""
     budget = parse_bytes(memory_budget)
     pairs = traced_pairs(graph)
-    overrides: Mapping[str, str] = {}
+    overrides: Mapping[str, Any] = {}
+    if algo == "bptt":
+        raise ConfigError(f"BPTT has no plan: make_plan takes an online algo; valid: "
+                          f"{', '.join(map(repr, ONLINE_ALGOS))}, a rule value, or a dict")
+    check_algo(algo)
     if isinstance(algo, Mapping):
         overrides, default = algo, "hybrid"
-        for pattern, name in overrides.items():
-            _rule_by_name(name, alpha)
+        for pattern in overrides:
             if not any(fnmatch.fnmatchcase(format_path(p), pattern) for p in graph.weight_paths):
                 known = ", ".join(format_path(p) for p in graph.weight_paths)
                 raise ConfigError(f"algo pattern {pattern!r} matches no weight; weights: {known}")
-    elif algo in ONLINE_RULES:
-        default = algo
     else:
-        raise ConfigError(f"unknown online rule {algo!r}; valid: 'd_rtrl', 'esd_rtrl', 'hybrid', or a dict "
-                          f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
+        default = algo
     rules, chosen = [], []  # chosen: pairs whose rule the hybrid picked (not forced)
     for n, pair in enumerate(pairs):
         name = format_path(pair.relation.weight_path)
         forced = next((rule for pattern, rule in overrides.items() if fnmatch.fnmatchcase(name, pattern)), None)
         if forced is not None:
-            rules.append(_rule_by_name(forced, alpha))
-        elif default == "hybrid":
+            rules.append(make_rule(forced, alpha))
+        elif isinstance(default, str) and default == "hybrid":
             rules.append(_hybrid_rule(pair, batch, alpha, factor))
             chosen.append(n)
         else:
-            rules.append(_rule_by_name(default, alpha))
+            rules.append(make_rule(default, alpha))
     if chosen:
         # Bytes per sample without a budget (batch-free), at `batch` with one.
         per = 1 if budget is None else batch

@@ -26,10 +26,9 @@ from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
 from .online import build_online
+from .registry import check_algo
 
-__all__ = ["ALGOS", "CompiledSequence", "Learner", "compile"]
-
-ALGOS = ("d_rtrl", "esd_rtrl", "hybrid", "bptt")
+__all__ = ["CompiledSequence", "Learner", "compile"]
 _TRACE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64))
 
 
@@ -211,12 +210,6 @@ def _check_batch_axis(model, xs_leaves) -> None:
             )
 
 
-def check_algo(algo: Any) -> None:
-    if not isinstance(algo, Mapping) and algo not in ALGOS:
-        raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
-                          f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
-
-
 def compile(  # noqa: A001 - the public name, as ef.compile
     model: Any,
     example: Any,
@@ -236,8 +229,9 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         model: a ``brainstate.nn.Module`` with initialised states (batch axis first).
         example: one time step's input, ``(B, features...)`` (a tuple for several).
         step_loss: ``(output_t, target_t) -> scalar``, for :meth:`Learner.grad`.
-        algo, decay, rank, trace_dtype, memory_budget: as in
-            :func:`etrace_fit.sequence_grad`.
+        algo: a name of ``registry.ALGOS`` (``"hybrid"``, ``"d_rtrl"``, ``"esd_rtrl"``,
+            ``"bptt"``), a rule value, or ``{path pattern: rule}``.
+        decay, rank, trace_dtype, memory_budget: as in :func:`etrace_fit.sequence_grad`.
         plan_batch: the batch size a ``memory_budget`` is counted at (default: the
             example's).
         warn: raise one :class:`~etrace_fit.errors.ApproximationWarning` per weight
@@ -260,7 +254,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
             raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
     graph = compile_graph(model, *_example_args(example))
     plan = None
-    if algo != "bptt":
+    if not (isinstance(algo, str) and algo == "bptt"):
         group = graph.hidden_groups[0]
         batch = (group.shape[0] if group.shape else 1) if plan_batch is None else plan_batch
         dtype = jnp.dtype(group.dtype) if trace_dtype is None else trace_dtype

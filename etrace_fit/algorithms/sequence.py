@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from ..errors import ConfigError, ShapeError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
-from .learner import ALGOS, CompiledSequence, Learner, _check_batch_axis, check_algo, compile, warn_approximations
+from .learner import CompiledSequence, Learner, _check_batch_axis, compile, warn_approximations
+from .registry import ONLINE_ALGOS, check_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
 
@@ -29,7 +30,10 @@ _LEARNERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def _algo_key(algo: Any) -> Any:
-    return tuple(sorted(algo.items())) if isinstance(algo, Mapping) else algo
+    """A hashable key: rule values by identity."""
+    def key(value):
+        return value if isinstance(value, str) else ("rule", id(value))
+    return tuple(sorted((p, key(r)) for p, r in algo.items())) if isinstance(algo, Mapping) else key(algo)
 
 
 def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None,
@@ -184,7 +188,7 @@ def online_fit(
     if not isinstance(update_every, int) or isinstance(update_every, bool) or update_every < 1:
         raise ConfigError(f"update_every must be a positive int, got {update_every!r}")
     if algo == "bptt":
-        raise ConfigError("update_every needs an online rule ('d_rtrl', 'esd_rtrl', 'hybrid'); BPTT must see the "
+        raise ConfigError(f"update_every needs an online rule ({', '.join(map(repr, ONLINE_ALGOS))}); BPTT must see the "
                           "whole sequence before it has a gradient")
     compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
     if compiled.plan is None:

@@ -23,7 +23,8 @@ import optax
 
 from ..algorithms import gradient_fidelity
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.learner import ALGOS, _check_batch_axis, compile as compile_learner
+from ..algorithms.learner import _check_batch_axis, compile as compile_learner
+from ..algorithms.registry import check_algo
 from ..callbacks import CallbackList, ProgressBar
 from ..compiler import format_path
 from . import checkpoint
@@ -95,9 +96,7 @@ class Trainer:
         grad_clip: float | None = None,
         memory_budget: int | str | None = None,
     ):
-        if not isinstance(algo, Mapping) and algo not in ALGOS:
-            raise ConfigError(f"unknown algo {algo!r}; valid: {', '.join(repr(a) for a in ALGOS)} or a dict "
-                              f"{{path pattern: 'd_rtrl' | 'esd_rtrl'}}")
+        check_algo(algo)
         if loss_on not in LOSS_PLACEMENTS:
             raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
         if update_every is not None and (not isinstance(update_every, int) or update_every < 1):

@@ -1,0 +1,64 @@
+"""The rule registry: every name ``algo`` accepts, in one place.
+
+A trace rule is a value with ``name``, ``init_traces``, ``step``, ``trace_bytes`` and
+``trace_norm`` (:class:`~etrace_fit.algorithms.base.Rule`). To add one, write its module
+and add one line to :data:`RULES` — or pass the value itself as ``algo`` (alone, or as
+a value of the ``{path pattern: rule}`` dict). Everything that lists or validates
+algorithms (the plan, ``compile``, the ``Trainer``, the ``etrace-fit`` command, their
+error messages) reads this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigError
+from .base import Rule
+from .d_rtrl import DRTRL
+from .esd_rtrl import ESDRTRL
+
+__all__ = ["ALGOS", "ONLINE_ALGOS", "RULES", "check_algo", "is_rule", "make_rule"]
+
+#: Trace rules by name: a factory of the ES smoothing factor α.
+RULES: dict[str, Callable[[float], Rule]] = {
+    "d_rtrl": lambda alpha: DRTRL(),
+    "esd_rtrl": ESDRTRL,
+}
+#: Sequence-level choices on top of the trace rules (as registered at import; the
+#: checks below read RULES itself, so a rule registered later is accepted too).
+ONLINE_ALGOS = (*RULES, "hybrid")
+ALGOS = (*ONLINE_ALGOS, "bptt")
+
+
+def _algos() -> tuple[str, ...]:
+    return (*RULES, "hybrid", "bptt")
+
+
+def is_rule(value: Any) -> bool:
+    """Whether ``value`` is a rule value (rather than a name)."""
+    return all(callable(getattr(value, attr, None)) for attr in ("init_traces", "step", "trace_bytes", "trace_norm"))
+
+
+def _names(names) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def make_rule(rule: Any, alpha: float) -> Rule:
+    """The rule for a weight: a registered name or a rule value."""
+    if is_rule(rule):
+        return rule
+    if isinstance(rule, str) and rule in RULES:
+        return RULES[rule](alpha)
+    raise ConfigError(f"unknown rule {rule!r} for a weight; valid: {_names(RULES)} or a rule value")
+
+
+def check_algo(algo: Any) -> None:
+    """``ConfigError`` unless ``algo`` is a name of :data:`ALGOS`, a rule value, or a dict
+    of path patterns to rules."""
+    if isinstance(algo, Mapping):
+        for rule in algo.values():
+            make_rule(rule, 0.9)
+        return
+    if not is_rule(algo) and algo not in _algos():
+        raise ConfigError(f"unknown algo {algo!r}; valid: {_names(_algos())}, a rule value, or a dict "
+                          f"{{path pattern: {' | '.join(repr(n) for n in RULES)}}}")
