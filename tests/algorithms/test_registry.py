@@ -4,9 +4,7 @@ one registry line, or a value passed as ``algo``."""
 from __future__ import annotations
 
 import brainstate
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import etrace_fit as ef
