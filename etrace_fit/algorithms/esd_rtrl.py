@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ..errors import ConfigError
 from .base import PairSignals, TracedPair
@@ -73,6 +74,31 @@ class ESDRTRL:
         carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
         eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
         eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
+        return grad, (eps_x, eps_f)
+
+    def chunk(self, traces, signals: PairSignals, t0: jax.Array):
+        """The same over ``C`` steps: the small traces advance step by step, and both
+        parts of the chunk's gradient are one GEMM over ``2·C·B·P`` rows."""
+        X, D, Df, G, dY = signals
+        alpha = self.alpha
+        dtype = jnp.promote_types(G.dtype, jnp.float32)
+
+        def body(carry, inputs):
+            eps_x, eps_f, t = carry
+            X_t, D_t, Df_t, G_t = inputs
+            correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
+            history = jnp.einsum("bpos,bpos->bpo", G_t, eps_f) / correction
+            carried = sum(D_t[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))
+            new_x = (alpha * eps_x + X_t).astype(eps_x.dtype)
+            new_f = (carried + (1.0 - alpha) * Df_t).astype(eps_f.dtype)
+            return (new_x, new_f, t + 1), (eps_x, history)
+
+        (eps_x, eps_f, _), (previous_x, history) = lax.scan(body, (*traces, t0), (X, D, Df, G))
+        if dY is None:
+            grad = jnp.einsum("cbpk,cbpo->ko", previous_x, history)
+        else:
+            grad = jnp.einsum("cbpk,cbpo->ko", jnp.concatenate([X, previous_x.astype(X.dtype)]),
+                              jnp.concatenate([dY, history.astype(dY.dtype)]))
         return grad, (eps_x, eps_f)
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:

@@ -1,12 +1,15 @@
-"""The online step (DESIGN.md §5.6) and the scan over a sequence.
+"""The online program (DESIGN.md §5.6–5.9): the step's signals, chunked, fed to the rules.
 
-At every step (DESIGN.md §5.8): run the step forward as a function of the weights and
-the previous hidden values ``h^{t-1}``; one pull-back of the step loss gives every
-weight's exact one-step gradient ``∂L^t/∂θ|h^{t-1}`` and the learning signal
-``∂L^t/∂h^{t-1}``, which each pair's rule contracts with its traces of step ``t-1``
-(the history part) before advancing them. ``D`` and ``Df`` come from one linearisation
-of the step with the related ops' outputs as inputs. Read ``sequence.py`` for the
-public entry point.
+At every step (§5.8) the *step program* runs the step forward as a function of the
+weights and the previous hidden values ``h^{t-1}``; one pull-back of the step loss gives
+every weight's exact one-step gradient and the learning signal ``∂L^t/∂h^{t-1}``, and one
+linearisation of the group transitions gives ``D`` and ``Df``. None of this needs the
+traces, so the program runs the step over a *chunk* of ``C`` steps first, stacks each
+traced pair's canonical signals ``(C, B, ...)`` and only then hands them to the pair's
+rule, which reads and writes its traces once per chunk (§5.9) and does its
+weight-gradient GEMMs over ``C·B`` rows. Steps a caller marks inactive (their loss
+weight is zero) skip the pull-back; the traces still advance. Read ``sequence.py`` for
+the public entry point and ``d_rtrl.py`` for a rule.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
 
-__all__ = ["Collected", "OnlineProgram", "build_online"]
+__all__ = ["Collected", "OnlineProgram", "StepProgram", "build_online", "chunk_size", "run_rule_chunk"]
+
+#: Steps per chunk when the caller does not choose (the trace is read and written once
+#: per chunk; the chunk's signals are kept meanwhile).
+DEFAULT_CHUNK = 32
+# Chunk buffers may take this many bytes (or the traces' size, if larger) before the
+# chunk is shortened.
+_CHUNK_BUFFER_BYTES = 64 * 1024**2
 
 
 class Collected(NamedTuple):
@@ -41,42 +51,70 @@ class Collected(NamedTuple):
 class OnlineProgram:
     """A pure function over one sequence and what it needs to map results back.
 
-    ``run(weight_leaves, state_leaves, xs_leaves, targets, collect=False) -> (weight
-    grads, losses, final state leaves[, Collected])``: ``weight_leaves`` in
+    ``run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None)
+    -> (weight grads, losses, final state leaves[, Collected])``: ``weight_leaves`` in
     ``module.weights`` leaf order, ``state_leaves`` all states' leaves (the weights'
-    among them are ignored), ``xs`` time-major. ``pairs`` names what the trace norms
-    belong to.
+    among them are ignored), ``xs`` time-major; ``active`` an optional ``(T,)`` bool:
+    ``False`` where the step's loss is known to be zero (its pull-back is skipped).
+    ``pairs`` names what the trace norms belong to; ``chunk`` is the steps per chunk.
     """
 
     run: Callable[..., Any]
     run_with_updates: Callable[..., Any] | None = None
     pairs: tuple = ()
+    chunk: int = 1
 
 
-def build_online(
-    graph: ETraceGraph,
-    pairs: tuple[TracedPair, ...],
-    rules: tuple[Rule, ...],
-    step_loss: Callable[[Any, Any], jax.Array],
-    *,
-    trace_dtype: Any = jnp.float32,
-) -> OnlineProgram:
-    """The online program for ``pairs`` trained by ``rules`` (one rule per pair)."""
+# ------------------------------------------------------------------ the step program
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+    """One step of the model extended with everything the rules need.
+
+    ``signals(weights, others, inputs, target, active) -> (loss, outputs, new others,
+    one-step weight grads, [PairSignals per pair])``: ``weights`` the weight leaves,
+    ``others`` the non-weight state leaves (module order without the weights), the
+    signals in the canonical form of ``base.py``. With ``active`` false the pull-back
+    is skipped: weight grads, ``G`` and ``dY`` are zero.
+    """
+
+    graph: ETraceGraph
+    pairs: tuple[TracedPair, ...]
+    signals: Callable[..., Any]
+    other_positions: tuple[int, ...]
+    weight_positions: tuple[int, ...]
+
+    def assemble(self, weights, others) -> list:
+        """All state leaves in module order from the weight and the other leaves."""
+        leaves = [None] * (len(self.weight_positions) + len(self.other_positions))
+        for position, value in zip(self.weight_positions, weights):
+            leaves[position] = value
+        for position, value in zip(self.other_positions, others):
+            leaves[position] = value
+        return leaves
+
+    def others(self, state_leaves) -> list:
+        return [state_leaves[p] for p in self.other_positions]
+
+
+def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_loss: Callable,
+                       trace_dtype: Any) -> StepProgram:
+    """The :class:`StepProgram` of ``graph`` for ``pairs``."""
     module = graph.module
     jaxpr, consts = module.closed_jaxpr.jaxpr, list(module.closed_jaxpr.consts)
     num_outputs = len(module.output_vars)
-    weight_positions = module.weight_leaf_positions
+    weight_positions = tuple(module.weight_leaf_positions)
+    num_leaves = len(module.state_leaves())
+    other_positions = tuple(p for p in range(num_leaves) if p not in set(weight_positions))
     hidden = module.hidden
-
-    # What to read off the forward pass for each pair: the op's x and y.
     eqns = module.jaxpr.eqns
     pair_eqns = [eqns[p.relation.eqn_index] for p in pairs]
+
+    # What to read off the forward pass for each pair: the op's x and y.
     capture = {}
     for eqn in pair_eqns:
         capture[eqn.outvars[0]] = True
         if eqn.primitive.name != "etp_elemwise":
             capture[eqn.invars[0]] = True
-
     hidden_positions = [module.leaf_offsets[state.path] for state in hidden]
     # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
     # GEMM with the history part), so the pull-back stops at their trainable operands
@@ -84,13 +122,20 @@ def build_online(
     fused = list(dict.fromkeys(p.relation.eqn_index for p in pairs if p.kind != "elementwise"))
     fused_positions = {i: etp_op_info(eqns[i].primitive).trainable_positions(len(eqns[i].invars)).values()
                        for i in fused}
+    y_avals = [eqns[i].outvars[0].aval for i in fused]
 
-    def forward(weight_leaves, hidden_prev, y_perturbations, state_leaves, input_leaves, target):
+    def assemble(weights, others):
+        leaves = [None] * num_leaves
+        for position, value in zip(weight_positions, weights):
+            leaves[position] = value
+        for position, value in zip(other_positions, others):
+            leaves[position] = value
+        return leaves
+
+    def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target):
         """One step as a function of the weights, the previous hidden values and a
         perturbation of each fused relation's output."""
-        leaves = list(state_leaves)
-        for n, position in enumerate(weight_positions):
-            leaves[position] = weight_leaves[n]
+        leaves = assemble(weights, others)
         for position, value in zip(hidden_positions, hidden_prev):
             leaves[position] = value
         perturbation_of = dict(zip(fused, y_perturbations))
@@ -112,7 +157,8 @@ def build_online(
         outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], override=override, on_write=on_write)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
         loss = step_loss(outputs, target)
-        return loss, (outs[num_outputs:], [captured[var] for var in capture], outputs)
+        new_others = [outs[num_outputs + p] for p in other_positions]
+        return loss, (new_others, [captured[var] for var in capture], outputs)
 
     # D and Df from one linearisation of all groups' transitions at once: the step with
     # every related op's output y an input and other trainable ops held constant.
@@ -156,77 +202,172 @@ def build_online(
                     sensitivities[pair.index] = out[groups.index(pair.group)]
         return jacobians, sensitivities
 
-    def step(weight_leaves, state_leaves, input_leaves, target, traces, t):
-        hidden_prev = [state_leaves[position] for position in hidden_positions]
-        y_zeros = [jnp.zeros(eqns[i].outvars[0].aval.shape, eqns[i].outvars[0].aval.dtype) for i in fused]
-        loss, pullback, (new_leaves, captured_values, outputs) = jax.vjp(
-            lambda w, h, p: forward(w, h, p, state_leaves, input_leaves, target), list(weight_leaves), hidden_prev,
-            y_zeros, has_aux=True,
-        )
+    def signals(weights, others, input_leaves, target, active=None):
+        weights, others, input_leaves = list(weights), list(others), list(input_leaves)
+        leaves = assemble(weights, others)
+        hidden_prev = [leaves[position] for position in hidden_positions]
+        y_zeros = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+
+        def with_pullback():
+            loss, pullback, aux = jax.vjp(
+                lambda w, h, p: forward(w, h, p, others, input_leaves, target), weights, hidden_prev, y_zeros,
+                has_aux=True)
+            # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): the exact one-step
+            # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the
+            # rule turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1}.
+            weight_grads, hidden_signals, output_grads = pullback(jnp.ones_like(loss))
+            return loss, aux, (list(weight_grads), list(hidden_signals), list(output_grads))
+
+        def without_pullback():
+            loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target)
+            zeros = ([jnp.zeros_like(w) for w in weights], [jnp.zeros_like(h) for h in hidden_prev],
+                     [jnp.zeros_like(y) for y in y_zeros])
+            return loss, aux, zeros
+
+        if active is None:
+            loss, aux, grads = with_pullback()
+        else:
+            loss, aux, grads = lax.cond(active, with_pullback, without_pullback)
+        new_others, captured_values, outputs = aux
+        weight_grads, hidden_signals, output_grads = grads
         captured = dict(zip(capture, captured_values))
-        # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): the exact one-step
-        # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the rule
-        # turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1} that the rules
-        # contract with the traces of the step before.
-        weight_grads, signals, output_grads = pullback(jnp.ones_like(loss))
         output_grad_of = dict(zip(fused, output_grads))
 
-        leaves = list(state_leaves)
-        for n, position in enumerate(weight_positions):
-            leaves[position] = weight_leaves[n]
-        jacobians, sensitivities = transition_derivatives(leaves, list(input_leaves), captured)
-        signal_of = {s.path: signals[k] for k, s in enumerate(hidden)}
-
-        pair_grads, new_traces, one_step_taken = [], [], set()
-        for pair, rule, eqn, trace in zip(pairs, rules, pair_eqns, traces):
+        jacobians, sensitivities = transition_derivatives(leaves, input_leaves, captured)
+        signal_of = {s.path: hidden_signals[k] for k, s in enumerate(hidden)}
+        pair_signals, one_step_taken = [], set()
+        for pair, eqn in zip(pairs, pair_eqns):
             index = pair.relation.eqn_index
             dY = None
             if index in output_grad_of and index not in one_step_taken:  # once per relation
                 one_step_taken.add(index)
                 dY = pair.canonical_units(output_grad_of[index], 0).astype(trace_dtype)
-            Df = sensitivities[pair.index]
             G = jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1)
             batch = G.shape[0]
             x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
-            canonical = PairSignals(
+            pair_signals.append(PairSignals(
                 X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
                 D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
-                Df=pair.canonical_units(Df, 1).astype(trace_dtype),
+                Df=pair.canonical_units(sensitivities[pair.index], 1).astype(trace_dtype),
                 G=pair.canonical_units(G, 1).astype(trace_dtype),
                 dY=dY,
-            )
-            grad, trace = rule.step(trace, canonical, t)
-            pair_grads.append(grad)
-            new_traces.append(trace)
-        return loss, outputs, new_leaves, list(weight_grads), pair_grads, new_traces
+            ))
+        return loss, outputs, new_others, weight_grads, pair_signals
 
+    return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions,
+                       weight_positions=weight_positions)
+
+
+# ------------------------------------------------------------------ rules over a chunk
+def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array) -> tuple[jax.Array, Any]:
+    """``rule`` over one chunk of stacked signals (leading axis ``C``): its ``chunk``
+    when it has one, else its per-step ``step`` scanned over the chunk."""
+    chunk = getattr(rule, "chunk", None)
+    if chunk is not None:
+        return chunk(traces, signals, t0)
+
+    def body(carry, signals_t):
+        traces, total, t = carry
+        grad, traces = rule.step(traces, PairSignals(*signals_t), t)
+        total = grad if total is None else total + grad
+        return (traces, total, t + 1), None
+
+    first = jax.tree.map(lambda s: s[0], tuple(signals))
+    grad, traces_1 = rule.step(traces, PairSignals(*first), t0)
+    rest = jax.tree.map(lambda s: s[1:], tuple(signals))
+    (traces, total, _), _ = lax.scan(body, (traces_1, grad, t0 + 1), rest)
+    return total, traces
+
+
+def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None) -> int:
+    """Steps per chunk: ``requested``, else :data:`DEFAULT_CHUNK`, shortened while the
+    chunk's stacked signals would take more than the traces (or 64 MiB); at most the
+    sequence length."""
+    if requested is not None:
+        return max(1, min(int(requested), length))
+    per_step = sum(batch * p.positions * (p.patch + p.outputs * (p.num_states ** 2 + 3 * p.num_states + 1))
+                   for p in pairs) * itemsize
+    traces = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
+    allowed = max(traces, _CHUNK_BUFFER_BYTES)
+    size = DEFAULT_CHUNK
+    while size > 1 and size * per_step > allowed:
+        size //= 2
+    return max(1, min(size, length))
+
+
+# ------------------------------------------------------------------ the program
+def build_online(
+    graph: ETraceGraph,
+    pairs: tuple[TracedPair, ...],
+    rules: tuple[Rule, ...],
+    step_loss: Callable[[Any, Any], jax.Array],
+    *,
+    trace_dtype: Any = jnp.float32,
+    chunk: int | None = None,
+) -> OnlineProgram:
+    """The online program for ``pairs`` trained by ``rules`` (one rule per pair), over
+    chunks of ``chunk`` steps (default: :func:`chunk_size`)."""
+    module = graph.module
+    program = build_step_program(graph, pairs, step_loss, trace_dtype)
     batch = pairs[0].group.shape[0] if pairs else 1
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
+    weight_positions = program.weight_positions
 
-    def zero_accumulators(weight_leaves):
-        return ([jnp.zeros_like(w) for w in weight_leaves],
+    def zero_accumulators(weights):
+        return ([jnp.zeros_like(w) for w in weights],
                 [jnp.zeros((pair.patch, pair.outputs), accumulate) for pair in pairs])
 
-    def weight_gradients(weight_leaves, weight_acc, pair_acc, state_leaves, input_leaves):
+    def weight_gradients(weights, weight_acc, pair_acc, others, input_leaves):
         """Accumulated gradients per weight leaf: the one-step / direct parts plus each
         pair's effective-weight gradient mapped back through the op's weight function
         and any chain (mask, ...) between the ParamState and the op."""
         if not pairs:
             return list(weight_acc)
+        state_leaves = program.assemble(weights, others)
         cotangents = _effective_cotangents(pairs, pair_acc)
         values, pull = jax.vjp(lambda w: _effective_values(module, w, state_leaves, input_leaves, weight_positions,
-                                                           list(cotangents)), list(weight_leaves))
+                                                           list(cotangents)), list(weights))
         mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
         return [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
 
-    def scan_body(weight_leaves, carry, inputs):
-        state_leaves, traces, weight_acc, pair_acc, t = carry
-        input_leaves, target = inputs
-        loss, outputs, new_leaves, weight_grads, pair_grads, traces = step(
-            weight_leaves, state_leaves, input_leaves, target, traces, t)
-        weight_acc = [a + g for a, g in zip(weight_acc, weight_grads)]
-        pair_acc = [a + g.astype(a.dtype) for a, g in zip(pair_acc, pair_grads)]
-        return (list(new_leaves), traces, weight_acc, pair_acc, t + 1), (loss, outputs)
+    def run_chunk(weights, carry, inputs):
+        """``C`` steps (``C`` = the inputs' leading axis): the step program over the
+        chunk, then every rule once over the stacked signals."""
+        others, traces, weight_acc, pair_acc, t = carry
+
+        def step(carry, inputs_t):
+            others, weight_acc = carry
+            input_leaves, target, active = inputs_t
+            loss, outputs, others, weight_grads, signals = program.signals(weights, others, input_leaves, target,
+                                                                           active)
+            weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
+            return (others, weight_acc), (loss, outputs, signals)
+
+        (others, weight_acc), (losses, outputs, signals) = lax.scan(step, (others, weight_acc), inputs)
+        new_traces = []
+        for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
+            grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
+            pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
+            new_traces.append(trace)
+        length = jax.tree.leaves(inputs)[0].shape[0]
+        return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
+
+    def run_steps(weights, carry, inputs, size):
+        """All steps of ``inputs`` (leading axis T): full chunks of ``size`` in a scan,
+        then the remainder as one shorter chunk."""
+        length = jax.tree.leaves(inputs)[0].shape[0]
+        full, tail = divmod(length, size)
+        pieces = []
+        if full:
+            head = jax.tree.map(lambda v: v[:full * size].reshape(full, size, *v.shape[1:]), inputs)
+            carry, (losses, outputs) = lax.scan(lambda c, i: run_chunk(weights, c, i), carry, head)
+            pieces.append(jax.tree.map(lambda v: v.reshape(full * size, *v.shape[2:]), (losses, outputs)))
+        if tail:
+            carry, out = run_chunk(weights, carry, jax.tree.map(lambda v: v[full * size:], inputs))
+            pieces.append(out)
+        if len(pieces) == 1:
+            return carry, pieces[0]
+        return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *pieces)
 
     def initial_traces():
         return [rule.init_traces(pair, batch, trace_dtype) for pair, rule in zip(pairs, rules)]
@@ -234,55 +375,77 @@ def build_online(
     def trace_norms(traces, t):
         return [rule.trace_norm(trace, t) for rule, trace in zip(rules, traces)]
 
-    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False):
-        weight_leaves = list(weight_leaves)
-        carry = (list(state_leaves), initial_traces(), *zero_accumulators(weight_leaves), jnp.zeros((), jnp.int32))
-        (final_leaves, traces, weight_acc, pair_acc, t), (losses, outputs) = lax.scan(
-            lambda c, i: scan_body(weight_leaves, c, i), carry, (list(xs_leaves), targets))
-        grads = weight_gradients(weight_leaves, weight_acc, pair_acc, state_leaves, [x[0] for x in xs_leaves])
-        if collect:
-            return grads, losses, final_leaves, Collected(outputs, trace_norms(traces, t))
-        return grads, losses, final_leaves
+    def sequence_inputs(xs_leaves, targets, active):
+        length = jax.tree.leaves(xs_leaves)[0].shape[0]
+        active = None if active is None else jnp.asarray(active, bool).reshape(length)
+        return (list(xs_leaves), targets, active), length
 
-    def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every, collect=False):
+    def size_for(length):
+        itemsize = jnp.dtype(trace_dtype).itemsize
+        return chunk_size(pairs, rules, batch, itemsize, length, chunk)
+
+    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None):
+        weights = list(weight_leaves)
+        inputs, length = sequence_inputs(xs_leaves, targets, active)
+        carry = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights),
+                 jnp.zeros((), jnp.int32))
+        (others, traces, weight_acc, pair_acc, t), (losses, outputs) = run_steps(weights, carry, inputs,
+                                                                                  size_for(length))
+        grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
+                                 [x[0] for x in xs_leaves])
+        final = program.assemble(weights, others)
+        if collect:
+            return grads, losses, final, Collected(outputs, trace_norms(traces, t))
+        return grads, losses, final
+
+    def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every,
+                         collect=False, active=None):
         """As ``run``, but applies ``optimizer`` every ``every`` steps inside the scan
         (traces carry on across updates: true online learning). Returns ``(weights,
         opt_state, losses, final state leaves)``, and a :class:`Collected` with
         ``collect``."""
+        inputs, length = sequence_inputs(xs_leaves, targets, active)
+        size = size_for(min(every, length))
 
-        def apply(weights, opt_state, weight_acc, pair_acc, state_leaves, input_leaves):
-            grads = weight_gradients(weights, weight_acc, pair_acc, state_leaves, input_leaves)
+        def window(weights, opt_state, inner, window_inputs):
+            inner, out = run_steps(weights, inner, window_inputs, size)
+            others, traces, weight_acc, pair_acc, t = inner
+            last_inputs = [x[-1] for x in window_inputs[0]]
+            grads = weight_gradients(weights, weight_acc, pair_acc, others, last_inputs)
             updates, opt_state = optimizer.update(grads, opt_state, weights)
-            return list(optax.apply_updates(weights, updates)), opt_state
+            weights = list(optax.apply_updates(weights, updates))
+            inner = (others, traces, *zero_accumulators(weights), t)
+            return weights, opt_state, inner, out
 
-        def body(carry, inputs):
-            weights, opt_state, inner = carry
-            inner, (loss, outputs) = scan_body(weights, inner, inputs)
-            state_leaves, traces, weight_acc, pair_acc, t = inner
-            weights, opt_state = lax.cond(
-                t % every == 0,
-                lambda: apply(weights, opt_state, weight_acc, pair_acc, state_leaves, inputs[0]),
-                lambda: (weights, opt_state),
-            )
-            weight_acc, pair_acc = lax.cond(
-                t % every == 0, lambda: zero_accumulators(weights), lambda: (weight_acc, pair_acc))
-            return (weights, opt_state, (state_leaves, traces, weight_acc, pair_acc, t)), (loss, outputs)
+        weights = list(weight_leaves)
+        inner = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights), jnp.zeros((), jnp.int32))
+        full, tail = divmod(length, every)
+        pieces = []
+        if full:
+            head = jax.tree.map(lambda v: v[:full * every].reshape(full, every, *v.shape[1:]), inputs)
 
-        inner = (list(state_leaves), initial_traces(), *zero_accumulators(list(weight_leaves)), jnp.zeros((), jnp.int32))
-        (weights, opt_state, inner), (losses, outputs) = lax.scan(
-            body, (list(weight_leaves), opt_state, inner), (list(xs_leaves), targets))
-        final_leaves, traces, weight_acc, pair_acc, t = inner
-        # A last partial window still updates the weights.
-        weights, opt_state = lax.cond(
-            t % every != 0,
-            lambda: apply(weights, opt_state, weight_acc, pair_acc, final_leaves, [x[-1] for x in xs_leaves]),
-            lambda: (weights, opt_state),
-        )
+            def body(carry, window_inputs):
+                weights, opt_state, inner = carry
+                weights, opt_state, inner, out = window(weights, opt_state, inner, window_inputs)
+                return (weights, opt_state, inner), out
+
+            (weights, opt_state, inner), out = lax.scan(body, (weights, opt_state, inner), head)
+            pieces.append(jax.tree.map(lambda v: v.reshape(full * every, *v.shape[2:]), out))
+        if tail:  # a last partial window still updates the weights
+            weights, opt_state, inner, out = window(weights, opt_state, inner,
+                                                    jax.tree.map(lambda v: v[full * every:], inputs))
+            pieces.append(out)
+        losses, outputs = pieces[0] if len(pieces) == 1 else jax.tree.map(
+            lambda a, b: jnp.concatenate([a, b]), *pieces)
+        others, traces, _, _, t = inner
+        final = program.assemble(weights, others)
         if collect:
-            return weights, opt_state, losses, final_leaves, Collected(outputs, trace_norms(traces, t))
-        return weights, opt_state, losses, final_leaves
+            return weights, opt_state, losses, final, Collected(outputs, trace_norms(traces, t))
+        return weights, opt_state, losses, final
 
-    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs))
+    itemsize = jnp.dtype(trace_dtype).itemsize
+    default_chunk = chunk_size(pairs, rules, batch, itemsize, 1 << 30, chunk)
+    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk=default_chunk)
 
 
 def _effective_cotangents(pairs, pair_acc) -> dict:

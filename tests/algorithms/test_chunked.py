@@ -1,0 +1,188 @@
+"""Chunked rules (DESIGN.md §5.9) equal the same rules applied step by step, in float64.
+
+The engine runs each rule once per chunk of ``C`` steps (``rule.chunk``). The reference
+here is the rule's own per-step recursion (``rule.step``, scanned by the engine when a
+rule has no ``chunk``), which the other tests compare with BPTT; chunk sizes that do
+not divide the sequence length exercise the carried traces and the last, shorter chunk.
+D-RTRL is also compared with the independent BPTT reference at a small chunk size.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
+
+from ._helpers import B, I, N, O, T, Case, MODELS, assert_grads_match, lin, mse, reference_bptt, to_host
+from .test_user_neurons import NEURONS
+
+
+class PerStep:
+    """``rule`` without its ``chunk``: the engine scans its per-step ``step``."""
+
+    def __init__(self, rule):
+        self.rule, self.name = rule, rule.name
+
+    def init_traces(self, pair, batch, dtype):
+        return self.rule.init_traces(pair, batch, dtype)
+
+    def step(self, traces, signals, t):
+        return self.rule.step(traces, signals, t)
+
+    def trace_bytes(self, pair, batch, itemsize):
+        return self.rule.trace_bytes(pair, batch, itemsize)
+
+    def trace_norm(self, traces, t):
+        return self.rule.trace_norm(traces, t)
+
+
+def _program_grads(case, algo, chunk, per_step=False):
+    """Gradient leaves of ``case`` under ``algo`` with the engine built at ``chunk``."""
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo=algo)
+        rules = tuple(PerStep(r) for r in plan.rules) if per_step else plan.rules
+        program = build_online(graph, plan.pairs, rules, case.step_loss, trace_dtype=plan.trace_dtype, chunk=chunk)
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        grads, losses, _ = jax.jit(program.run)(weights, module.state_leaves(), [case.xs], case.ys)
+    return [np.asarray(g) for g in grads], np.asarray(losses)
+
+
+def _user_case(name, steps=T):
+    make, scale, shift = NEURONS[name]
+    return Case(lambda: ef.Sequential(lin(I, N, 0, 2.0), make(), lin(N, O, 2)), (steps, B, I), (steps, B, O), 64,
+                x_scale=scale, x_shift=shift)
+
+
+CASES = {
+    **{name: (lambda name=name: Case(MODELS[name][0], MODELS[name][1], (T, B, O), 64))
+       for name in ("lif", "alif", "leaky_tanh", "lif_learn_tau", "conv1d_lif", "conv2d_lif", "shared_weight")},
+    "snntorch_zero": lambda: _user_case("snntorch_zero"),  # a hard reset: D = 0 at every spike
+    "refractory_lif": lambda: _user_case("refractory_lif"),
+}
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return {}
+
+
+def _case(cases, name):
+    if name not in cases:
+        cases[name] = CASES[name]()
+    return cases[name]
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_chunked_equals_per_step(cases, name, algo):
+    """Chunks of 7 over T = 30 (four full chunks and a chunk of 2) and one chunk of
+    all 30 steps give the per-step rule's gradients to float64 rounding."""
+    case = _case(cases, name)
+    reference, ref_losses = _program_grads(case, algo, chunk=1, per_step=True)
+    for chunk in (7, T):
+        grads, losses = _program_grads(case, algo, chunk=chunk)
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
+        for n, (g, r) in enumerate(zip(grads, reference)):
+            scale = max(float(np.max(np.abs(r))), 1e-300)
+            assert float(np.max(np.abs(g - r))) / scale < 1e-10, (name, algo, chunk, n)
+
+
+@pytest.mark.parametrize("name", ["lif", "alif", "snntorch_zero"])
+def test_chunked_d_rtrl_equals_bptt(cases, name):
+    """Exact models: D-RTRL over chunks of 4 (and a last chunk of 2) is BPTT's gradient."""
+    case = _case(cases, name)
+    grads, losses = _program_grads(case, "d_rtrl", chunk=4)
+    with case.env():
+        params = case.model.states(brainstate.ParamState)
+    by_path, cursor = {}, 0
+    for path, state in params.items():
+        count = len(jax.tree.leaves(state.value))
+        by_path[path] = jax.tree.unflatten(jax.tree.structure(state.value), grads[cursor:cursor + count])
+        cursor += count
+    assert_grads_match(by_path, case.ref_grads, 1e-8)
+    np.testing.assert_allclose(losses, case.ref_losses, rtol=1e-10)
+
+
+def test_chunk_size_is_automatic_and_bounded():
+    """The default chunk is DEFAULT_CHUNK steps, never longer than the sequence, and
+    shorter when the chunk's stacked signals would be large; a requested size wins."""
+    case = Case(MODELS["lif"][0], MODELS["lif"][1], (T, B, O), 64)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
+    pairs, rules = plan.pairs, plan.rules
+    assert chunk_size(pairs, rules, B, 8, 10_000) == DEFAULT_CHUNK
+    assert chunk_size(pairs, rules, B, 8, 5) == 5
+    assert chunk_size(pairs, rules, B, 8, 10_000, requested=3) == 3
+    assert chunk_size(pairs, rules, 10**7, 8, 10_000) < DEFAULT_CHUNK  # a huge batch: shorter chunks
+
+
+@pytest.mark.parametrize("every", [1, 5, 7, 30, 45])
+def test_update_every_with_chunks_equals_per_step(every):
+    """``run_with_updates`` (the optimizer inside the scan) gives the same weights with
+    chunks as with the per-step rule, for windows that chunks do and do not divide."""
+    case = Case(MODELS["lif"][0], MODELS["lif"][1], (T, B, O), 64)
+    results = []
+    for chunk, per_step in ((1, True), (4, False), (None, False)):
+        with case.env(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            brainstate.nn.reset_all_states(case.model, batch_size=B)
+            graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+            rules = tuple(PerStep(r) for r in plan.rules) if per_step else plan.rules
+            program = build_online(graph, plan.pairs, rules, mse, trace_dtype=plan.trace_dtype, chunk=chunk)
+            module = graph.module
+            weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+            optimizer = optax.sgd(0.05)
+            run = jax.jit(lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, every))
+            new, _, losses, _ = run(weights, module.state_leaves(), [case.xs], case.ys, optimizer.init(weights))
+        results.append((to_host(new), np.asarray(losses)))
+    (ref, ref_losses), *others = results
+    assert any(float(np.max(np.abs(w - w0))) > 1e-6 for w, w0 in zip(ref, [
+        np.asarray(leaf) for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)]))
+    for new, losses in others:
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
+        for w, r in zip(new, ref):
+            np.testing.assert_allclose(w, r, rtol=1e-10, atol=1e-12)
+
+
+def test_inactive_steps_skip_only_zero_loss_steps():
+    """``active`` marks steps whose loss weight is zero: skipping their pull-back gives
+    the gradient of the weighted loss exactly, with the loss at the last step only and
+    with a mask."""
+    def weighted(out, target):
+        y, w = target
+        return w * mse(out, y)
+
+    case = Case(MODELS["alif"][0], MODELS["alif"][1], (T, B, O), 64)
+    mask = np.zeros(T, bool)
+    mask[[0, 6, 7, 13, 29]] = True
+    for active in (np.arange(T) == T - 1, mask):
+        with case.env(), warnings.catch_warnings():
+            targets = (case.ys, jnp.asarray(active, case.ys.dtype))
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            brainstate.nn.reset_all_states(case.model, batch_size=B)
+            graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, weighted, algo="d_rtrl")
+            program = build_online(graph, plan.pairs, plan.rules, weighted, trace_dtype=plan.trace_dtype, chunk=7)
+            module = graph.module
+            weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+            args = (weights, module.state_leaves(), [case.xs], targets)
+            full, full_losses, _ = jax.jit(program.run)(*args)
+            skipped, losses, _ = jax.jit(lambda *a: program.run(*a, active=jnp.asarray(active)))(*args)
+            brainstate.nn.reset_all_states(case.model, batch_size=B)
+            ref, _ = reference_bptt(case.model, case.xs, targets, weighted, B)
+        np.testing.assert_allclose(np.asarray(losses), np.asarray(full_losses), rtol=1e-12)
+        ref_leaves = [np.asarray(leaf) for s in module.weights for leaf in jax.tree.leaves(ref[s.path])]
+        for g, f, r in zip(skipped, full, ref_leaves):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(f), rtol=1e-10, atol=1e-14)
+            assert float(np.max(np.abs(np.asarray(g) - r))) <= 1e-8 * float(np.max(np.abs(r)))
