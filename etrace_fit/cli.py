@@ -53,7 +53,7 @@ class Task:
     epochs: int
     learning_rate: float
     batch_size: int = 32
-    memory_budget: str | None = "64MiB"
+    memory_budget: str | None = None  # per sample; None: the hybrid's default
 
 
 def _evidence_model() -> Any:
@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="seed for data, weights and shuffling (default: 0)")
     train.add_argument("--samples", type=int, help="training sequences (default: the task's)")
     train.add_argument("--lr", type=float, help="peak learning rate of the cosine schedule (default: the task's)")
-    train.add_argument("--memory-budget", help="trace memory hybrid may spend on D-RTRL (default: 64MiB)")
+    train.add_argument("--memory-budget", help="trace memory per sample hybrid may spend on D-RTRL (default: 4MiB)")
     train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                        help="0 quiet, 1 a progress bar per epoch (default), 2 one line per epoch")
     return parser

@@ -77,29 +77,44 @@ class ESDRTRL:
         return grad, (eps_x, eps_f)
 
     def chunk(self, traces, signals: PairSignals, t0: jax.Array):
-        """The same over ``C`` steps: the small traces advance step by step, and both
-        parts of the chunk's gradient are one GEMM over ``2·C·B·P`` rows."""
+        """The same over ``C`` steps, with the one GEMM of BPTT's size.
+
+        ``ε_x`` before step ``i`` of the chunk is ``α^i ε_x⁰ + Σ_{j<i} α^{i-1-j} X_j``, so
+        the history part ``Σ_i ε_x^{(i)}ᵀ h_i`` (``h_i = G_i·ε_f^{(i)} / (1 − α^t)``)
+        regroups exactly into ``Σ_j X_jᵀ h̃_j + ε_x⁰ᵀ Σ_i α^i h_i`` with the backward
+        filter ``h̃_{C-1} = 0, h̃_j = h_{j+1} + α h̃_{j+1}``: one GEMM over ``C·B·P`` rows
+        for both parts (``X_jᵀ (dY_j + h̃_j)``) and a small one for the chunk's start.
+        Only ``ε_f`` (the size of the layer's output) advances step by step.
+        """
         X, D, Df, G, dY = signals
+        eps_x, eps_f = traces
         alpha = self.alpha
         dtype = jnp.promote_types(G.dtype, jnp.float32)
+        steps = X.shape[0]
 
-        def body(carry, inputs):
-            eps_x, eps_f, t = carry
-            X_t, D_t, Df_t, G_t = inputs
-            correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
-            history = jnp.einsum("bpos,bpos->bpo", G_t, eps_f) / correction
-            carried = sum(D_t[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))
-            new_x = (alpha * eps_x + X_t).astype(eps_x.dtype)
-            new_f = (carried + (1.0 - alpha) * Df_t).astype(eps_f.dtype)
-            return (new_x, new_f, t + 1), (eps_x, history)
+        def forward(eps_f, inputs):
+            D_t, Df_t = inputs
+            carried = sum(D_t[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
+            return (carried + (1.0 - alpha) * Df_t).astype(eps_f.dtype), eps_f
 
-        (eps_x, eps_f, _), (previous_x, history) = lax.scan(body, (*traces, t0), (X, D, Df, G))
-        if dY is None:
-            grad = jnp.einsum("cbpk,cbpo->ko", previous_x, history)
-        else:
-            grad = jnp.einsum("cbpk,cbpo->ko", jnp.concatenate([X, previous_x.astype(X.dtype)]),
-                              jnp.concatenate([dY, history.astype(dY.dtype)]))
-        return grad, (eps_x, eps_f)
+        new_f, previous_f = lax.scan(forward, eps_f, (D, Df))
+        t = (t0 + jnp.arange(steps)).astype(dtype)
+        correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t, 1.0)  # zero history at t = 0
+        history = (G * previous_f).sum(axis=-1) / correction[:, None, None, None]  # (C, B, P, O)
+
+        def backward(filtered, h_next):
+            filtered = h_next + alpha * filtered
+            return filtered, filtered
+
+        shifted = jnp.concatenate([history[1:], jnp.zeros_like(history[:1])])
+        _, filtered = lax.scan(backward, jnp.zeros_like(history[0]), shifted, reverse=True)
+        signal = filtered if dY is None else filtered + dY
+        powers = jnp.asarray(alpha, dtype) ** jnp.arange(steps, dtype=dtype)
+        grad = jnp.einsum("cbpk,cbpo->ko", X, signal.astype(X.dtype))
+        grad = grad + jnp.einsum("bpk,bpo->ko", eps_x.astype(dtype), jnp.einsum("c,cbpo->bpo", powers, history))
+        weights = powers[::-1]  # α^{C-1-j}
+        new_x = alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", weights.astype(X.dtype), X)
+        return grad, (new_x.astype(eps_x.dtype), new_f)
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""

@@ -1,15 +1,14 @@
 """Hybrid (DESIGN.md §5.3): choose a rule per traced pair, and report the choice.
 
 Elementwise relations get D-RTRL (their trace is as small as the weight). Dense and conv
-relations get D-RTRL when its trace memory is within ``factor`` (default 4) of the
-ES-D-RTRL trace, else ES-D-RTRL. Then the pairs left on ES-D-RTRL move to D-RTRL — those
-whose D-RTRL gradient is exact (the compiler found no approximation for the weight)
-first, then the cheapest — while the plan's traces fit the memory budget: without a
-``memory_budget``, :data:`DEFAULT_BUDGET_PER_SAMPLE` bytes *per sample* (the plan then
-does not depend on the batch size); with one (total trace bytes, e.g. ``"64MiB"``), that
-total at the batch size given. ``algo`` may also name one rule for every pair, or be a
-dict ``{path pattern: rule name}`` that forces rules per weight (``fnmatch`` patterns on
-``"layers.0.weight"``; unmatched weights follow the hybrid choice).
+relations get D-RTRL wherever its trace fits the memory budget and ES-D-RTRL beyond it:
+starting from ES-D-RTRL, pairs move to D-RTRL — those whose D-RTRL gradient is exact
+(the compiler found no approximation for the weight) first, then the cheapest — while
+the plan's traces fit the budget. The budget is trace bytes *per sample*
+(``memory_budget``, e.g. ``"16MiB"``; default :data:`DEFAULT_BUDGET_PER_SAMPLE`), so the
+plan never depends on the batch size. ``algo`` may also name one rule for every pair,
+or be a dict ``{path pattern: rule name}`` that forces rules per weight (``fnmatch``
+patterns on ``"layers.0.weight"``; unmatched weights follow the hybrid choice).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from .registry import ONLINE_ALGOS, check_algo, make_rule
 
 __all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "make_plan", "parse_bytes"]
 
-#: Trace memory per sample the hybrid spends moving pairs whose D-RTRL gradient is exact
-#: to D-RTRL when no budget is given: at batch 32 that is 128 MiB.
+#: Trace memory per sample the hybrid may spend on D-RTRL when no budget is given: at
+#: batch 32 that is 128 MiB (a GRU(64→128) needs 0.3 MiB per sample for D-RTRL everywhere).
 DEFAULT_BUDGET_PER_SAMPLE = 4 * 1024**2
 
 
@@ -53,14 +52,20 @@ class Plan:
     graph: ETraceGraph
     pairs: tuple[TracedPair, ...]
     rules: tuple[Rule, ...]
-    batch: int
+    batch: int  # the batch size the report's totals are shown at (the rules do not depend on it)
     trace_dtype: Any
-    memory_budget: int | None = None
+    memory_budget: int | None = None  # bytes per sample (None: the default)
     hybrid: bool = False  # whether the hybrid chose any rule (the budget line of the report)
 
-    def trace_bytes(self) -> tuple[int, ...]:
+    def trace_bytes(self, batch: int | None = None) -> tuple[int, ...]:
+        """Trace bytes per pair at ``batch`` (default: the plan's batch)."""
         itemsize = jnp.dtype(self.trace_dtype).itemsize
-        return tuple(rule.trace_bytes(pair, self.batch, itemsize) for pair, rule in zip(self.pairs, self.rules))
+        batch = self.batch if batch is None else batch
+        return tuple(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(self.pairs, self.rules))
+
+    def bytes_per_sample(self) -> int:
+        """All traces of one sample: the memory the batch multiplies."""
+        return sum(self.trace_bytes(1))
 
     def rule_of(self, weight_path: Any) -> tuple[str, ...]:
         """The rule names used for ``weight_path`` (a tuple or ``"layers.0.weight"``)."""
@@ -101,12 +106,13 @@ class Plan:
         lines.insert(1, "-+-".join("-" * w for w in widths))
         total = _bytes(sum(self.trace_bytes()))
         if self.memory_budget is not None:
-            budget = f", budget {_bytes(self.memory_budget)}"
+            budget = f", budget {_bytes(self.memory_budget)} per sample"
         else:
             budget = f", budget {_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
         why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
         return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
-                f"{jnp.dtype(self.trace_dtype).name}, total {total}{budget}):\n" + "\n".join(lines)
+                f"{jnp.dtype(self.trace_dtype).name}, total {total}: {_bytes(self.bytes_per_sample())} per sample"
+                f"{budget}):\n" + "\n".join(lines)
                 + (f"\n\napproximate online gradients (compare with BPTT: ef.gradient_fidelity):{why}"
                    if approximate else "\n\nevery weight gets its exact (BPTT) gradient"))
 
@@ -146,11 +152,9 @@ def parse_bytes(value: Any, what: str = "memory_budget") -> int | None:
                       f"got {value!r}")
 
 
-def _hybrid_rule(pair: TracedPair, batch: int, alpha: float, factor: float) -> Rule:
-    if pair.kind == "elementwise":
-        return DRTRL()
-    d_rtrl, esd = DRTRL(), ESDRTRL(alpha)
-    return d_rtrl if d_rtrl.trace_bytes(pair, batch, 1) <= factor * esd.trace_bytes(pair, batch, 1) else esd
+def _hybrid_rule(pair: TracedPair, alpha: float) -> Rule:
+    """The hybrid's starting rule: D-RTRL for elementwise pairs, ES-D-RTRL otherwise."""
+    return DRTRL() if pair.kind == "elementwise" else ESDRTRL(alpha)
 
 
 def _structurally_approximate(graph: ETraceGraph) -> set[str]:
@@ -166,10 +170,10 @@ def make_plan(
     alpha: float,
     batch: int,
     trace_dtype: Any = jnp.float32,
-    factor: float = 4.0,
     memory_budget: Any = None,
 ) -> Plan:
-    """Pick a rule for every traced pair of ``graph`` (see the module docstring)."""
+    """Pick a rule for every traced pair of ``graph`` (see the module docstring);
+    ``batch`` is only where the report counts totals."""
     budget = parse_bytes(memory_budget)
     pairs = traced_pairs(graph)
     overrides: Mapping[str, Any] = {}
@@ -192,24 +196,20 @@ def make_plan(
         if forced is not None:
             rules.append(make_rule(forced, alpha))
         elif isinstance(default, str) and default == "hybrid":
-            rules.append(_hybrid_rule(pair, batch, alpha, factor))
+            rules.append(_hybrid_rule(pair, alpha))
             chosen.append(n)
         else:
             rules.append(make_rule(default, alpha))
-    if chosen:
-        # Bytes per sample without a budget (batch-free), at `batch` with one.
-        per = 1 if budget is None else batch
+    if chosen:  # D-RTRL wherever it fits the per-sample budget: exact weights first, then the cheapest
         limit = DEFAULT_BUDGET_PER_SAMPLE if budget is None else budget
         itemsize = jnp.dtype(trace_dtype).itemsize
-        total = sum(rule.trace_bytes(pair, per, itemsize) for pair, rule in zip(pairs, rules))
-        extra = {n: DRTRL().trace_bytes(pairs[n], per, itemsize) - rules[n].trace_bytes(pairs[n], per, itemsize)
+        total = sum(rule.trace_bytes(pair, 1, itemsize) for pair, rule in zip(pairs, rules))
+        extra = {n: DRTRL().trace_bytes(pairs[n], 1, itemsize) - rules[n].trace_bytes(pairs[n], 1, itemsize)
                  for n in chosen if rules[n].name == "esd_rtrl"}
         approximate = _structurally_approximate(graph)
         is_approximate = {n: format_path(pairs[n].relation.weight_path) in approximate for n in extra}
         for n in sorted(extra, key=lambda n: (is_approximate[n], extra[n], n)):
-            # The default budget buys exactness only: an approximate weight moves to the
-            # (today much slower) D-RTRL when the user sets a budget.
-            if total + extra[n] <= limit and (budget is not None or not is_approximate[n]):
+            if total + extra[n] <= limit:
                 rules[n], total = DRTRL(), total + extra[n]
     return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
                 memory_budget=budget, hybrid=bool(chosen))

@@ -232,8 +232,8 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         algo: a name of ``registry.ALGOS`` (``"hybrid"``, ``"d_rtrl"``, ``"esd_rtrl"``,
             ``"bptt"``), a rule value, or ``{path pattern: rule}``.
         decay, rank, trace_dtype, memory_budget: as in :func:`etrace_fit.sequence_grad`.
-        plan_batch: the batch size a ``memory_budget`` is counted at (default: the
-            example's).
+        plan_batch: the batch size the report's trace totals are shown at (default:
+            the example's); the rules never depend on it.
         warn: raise one :class:`~etrace_fit.errors.ApproximationWarning` per weight
             whose online gradient is approximate.
 

@@ -125,9 +125,10 @@ def sequence_grad(
             α = (r − 1)/(r + 1)); 0.9 when neither is given.
         trace_dtype: dtype of the traces: the hidden states' dtype by default (float32
             for a float32 model); bfloat16 halves their memory.
-        memory_budget: for ``"hybrid"``: total trace memory (bytes, or ``"64MiB"``)
-            the plan may spend moving weights from ES-D-RTRL to D-RTRL, cheapest
-            first (None: the factor-of-4 rule alone).
+        memory_budget: for ``"hybrid"``: trace memory *per sample* (bytes, or
+            ``"16MiB"``) the plan may spend on D-RTRL, exact weights first, then the
+            cheapest (None: ``hybrid.DEFAULT_BUDGET_PER_SAMPLE``, 4 MiB); the plan
+            never depends on the batch size.
 
     Returns:
         ``(grads, losses)``: ``grads`` keyed exactly like

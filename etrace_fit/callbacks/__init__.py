@@ -1,7 +1,7 @@
 """Callbacks with Keras' hook names, one per module. Read ``base.py`` first."""
 
 from .backup_and_restore import BackupAndRestore
-from .base import Callback, CallbackList
+from .base import BatchLogs, Callback, CallbackList
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .gradient_fidelity import GradientFidelity
@@ -13,5 +13,5 @@ from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
 
-__all__ = ["BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "GradientFidelity", "LambdaCallback",
+__all__ = ["BackupAndRestore", "BatchLogs", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "GradientFidelity", "LambdaCallback",
            "LearningRateScheduler", "ModelCheckpoint", "ProgressBar", "ReduceLROnPlateau", "TensorBoard", "TerminateOnNaN"]

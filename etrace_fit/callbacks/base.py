@@ -2,15 +2,45 @@
 
 A callback sees the trainer's public surface only (``trainer.model``,
 ``trainer.stop_training``, ``trainer.get_weights()`` / ``set_weights()``). ``logs`` is a
-plain dict (``loss``, metrics, ``val_*``). ``state_dict`` / ``load_state_dict`` let a
-resumed run restore a callback's progress.
+plain dict (``loss``, metrics, ``val_*``) — except a training batch's, which is a
+:class:`BatchLogs` mapping: reading a value waits for that batch to finish, so a
+callback that does not read every batch's logs lets the device run ahead.
+``state_dict`` / ``load_state_dict`` let a resumed run restore a callback's progress.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Iterable
 
-__all__ = ["Callback", "CallbackList", "Monitor", "MonitoredCallback"]
+__all__ = ["BatchLogs", "Callback", "CallbackList", "Monitor", "MonitoredCallback"]
+
+
+class BatchLogs(Mapping):
+    """A training batch's logs (``loss`` and metrics) as a read-only mapping of floats.
+
+    The values are computed on the device; ``logs["loss"]`` (or ``dict(logs)``) waits
+    for them. ``raw`` holds the unconverted device scalars, for a callback that
+    accumulates without waiting (``jax.device_get`` a list of them later).
+    """
+
+    def __init__(self, raw: Mapping[str, Any]):
+        self.raw = dict(raw)
+        self._floats: dict[str, float] = {}
+
+    def __getitem__(self, key: str) -> float:
+        if key not in self._floats:
+            self._floats[key] = float(self.raw[key])
+        return self._floats[key]
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __repr__(self) -> str:
+        return f"BatchLogs({dict(self)!r})"
 
 HOOKS = (
     "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",

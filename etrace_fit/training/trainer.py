@@ -25,7 +25,7 @@ from ..algorithms import gradient_fidelity
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, compile as compile_learner
 from ..algorithms.registry import check_algo
-from ..callbacks import CallbackList, ProgressBar
+from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..compiler import format_path
 from . import checkpoint
 from ..errors import ConfigError, ShapeError
@@ -33,9 +33,34 @@ from .data import Batch, batches, check_finite, split_validation
 from .losses import check_labels, cross_entropy, get_loss
 from .metrics import get_metrics
 
-__all__ = ["History", "Trainer"]
+__all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 
 LOSS_PLACEMENTS = ("last", "all", "mask")
+
+
+def device_memory() -> int:
+    """Bytes of memory of the first device: its ``bytes_limit`` where the runtime says
+    (GPUs), else the host's physical memory (CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_trace_memory(plan: Any, batch_size: int, available: int | None = None) -> None:
+    """``ConfigError`` before training when the traces of ``batch_size`` samples alone
+    would not fit in the device's memory, naming the largest batch that would."""
+    per_sample = plan.bytes_per_sample()
+    available = device_memory() if available is None else available
+    if per_sample * batch_size > available:
+        fits = available // max(per_sample, 1)
+        raise ConfigError(
+            f"the eligibility traces of a batch of {batch_size} need {per_sample * batch_size / 2**30:.2f} GiB "
+            f"({per_sample / 2**20:.2f} MiB per sample) but the device has {available / 2**30:.2f} GiB: use a batch "
+            f"size of at most {fits}, a smaller memory_budget (per sample) so hybrid picks ES-D-RTRL for more "
+            f"weights, or trace_dtype bfloat16; trainer.report() lists the traces")
 
 
 class History:
@@ -69,10 +94,11 @@ class Trainer:
         update_every: apply the optimizer every ``k`` time steps inside the sequence
             (true online learning) instead of once per batch.
         grad_clip: clip gradients to this global norm before the optimizer.
-        memory_budget: for ``algo="hybrid"``: total trace memory (bytes, or a size like
-            ``"64MiB"``) the plan may spend moving weights from ES-D-RTRL to the
-            exact-for-diagonal D-RTRL, cheapest first. ``trainer.report()`` shows the
-            result.
+        memory_budget: for ``algo="hybrid"``: trace memory *per sample* (bytes, or a
+            size like ``"16MiB"``; default 4 MiB) the plan may spend on D-RTRL, exact
+            weights first, then the cheapest; ES-D-RTRL beyond it. The plan does not
+            depend on the batch size; ``fit`` checks batch × bytes per sample against
+            the device's memory before training. ``trainer.report()`` shows both.
 
     Example::
 
@@ -130,6 +156,8 @@ class Trainer:
         self._step_loss = self._make_step_loss()
         self._forward = None
         self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted train step)
+        self._batch_programs: dict[tuple, tuple] = {}  # batch shapes -> _batch_program's entry (one fit)
+        self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
         # From the last training batch, for dashboards: gradients per weight path
         # (None with update_every) and per-sample trace norms per traced weight.
@@ -152,34 +180,36 @@ class Trainer:
     def _params(self):
         return self.model.states(brainstate.ParamState)
 
-    def _time_major(self, batch: Batch) -> tuple[jax.Array, Any, jax.Array]:
-        """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch."""
-        x = jnp.asarray(batch.x)
+    def _time_major(self, batch: Batch) -> tuple[np.ndarray, Any, np.ndarray]:
+        """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
+        (numpy: no device work per batch before the one jitted step)."""
+        x = np.asarray(batch.x)
         if x.ndim < 3:
             raise ShapeError(f"x must be {'(time, batch, features)' if self.time_major else '(batch, time, features)'}"
                              f" with at least 3 axes, got shape {tuple(x.shape)}")
-        xs = x if self.time_major else jnp.swapaxes(x, 0, 1)
+        xs = x if self.time_major else np.swapaxes(x, 0, 1)
         steps, size = xs.shape[0], xs.shape[1]
         if self.loss_on == "mask":
             if batch.mask is None:
                 raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
-            mask = jnp.asarray(batch.mask, jnp.float32)
+            mask = np.asarray(batch.mask, np.float32)
             mask = mask if self.time_major else mask.T
             if mask.shape != (steps, size):
                 raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
-            weight = mask / jnp.maximum(mask.sum(axis=0, keepdims=True), 1.0)
+            weight = mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0)
         elif self.loss_on == "all":
-            weight = jnp.full((steps, size), 1.0 / steps)
+            weight = np.full((steps, size), 1.0 / steps, np.float32)
         else:
-            weight = jnp.zeros((steps, size)).at[-1].set(1.0)
-        y = None if batch.y is None else jnp.asarray(batch.y)
+            weight = np.zeros((steps, size), np.float32)
+            weight[-1] = 1.0
+        y = None if batch.y is None else np.asarray(batch.y)
         if y is None:
-            ys = jnp.zeros((steps, size))
+            ys = np.zeros((steps, size), np.float32)
         elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if self.time_major else (size, steps)):
-            ys = y if self.time_major else jnp.swapaxes(y, 0, 1)  # per-step targets
+            ys = y if self.time_major else np.swapaxes(y, 0, 1)  # per-step targets
         else:
-            ys = jnp.broadcast_to(y, (steps, *y.shape))  # one target per sequence
-        return xs, ys, weight
+            ys = np.broadcast_to(y, (steps, *y.shape))  # one target per sequence
+        return xs, ys, weight.astype(np.float32)
 
     def _ensure_states(self, batch_size: int) -> None:
         """Create the hidden states of a model no batch has run through yet."""
@@ -256,6 +286,7 @@ class Trainer:
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
             self._steps.clear()
+        self._batch_programs.clear()  # re-checked against the model's states at every fit
         params = self._params()
         callbacks = list(callbacks or [])
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -275,7 +306,7 @@ class Trainer:
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
             hooks.on_epoch_begin(epoch, {})
-            losses, sizes, metric_sums = [], [], {}
+            records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
                            drop_remainder=drop_remainder)
             for step, batch in enumerate(data):
@@ -289,16 +320,12 @@ class Trainer:
                     if self.sample_input is None:
                         self.sample_input = np.asarray(xs[:, 0])
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
-                loss, logs = self._train_batch(params, xs, ys, weight)
-                hooks.on_train_batch_end(step, {"loss": loss, **logs})
-                losses.append(loss * xs.shape[1])
-                sizes.append(xs.shape[1])
-                for key, value in logs.items():
-                    metric_sums[key] = metric_sums.get(key, 0.0) + value * xs.shape[1]
+                loss, logs, finite = self._train_batch(params, xs, ys, weight)
+                hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))
+                records.append((xs.shape[1], loss, logs, finite))
                 if self.stop_training:
                     break
-            total = sum(sizes)
-            epoch_logs = {"loss": sum(losses) / total, **{k: v / total for k, v in metric_sums.items()}}
+            epoch_logs = self._epoch_logs(epoch, jax.device_get(records))
             if self.learning_rate is not None:
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation_data is not None:
@@ -324,15 +351,21 @@ class Trainer:
                 _check_batch_axis(self.model, jax.tree.leaves(xs))
                 self.learner = compile_learner(self.model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
                                        memory_budget=self.memory_budget, plan_batch=xs.shape[1])
+            if self.learner.plan is not None:
+                check_trace_memory(self.learner.plan, xs.shape[1])
         return self.learner.compiled(xs, (ys, weight))
 
     def _build_step(self, compiled):
         """The whole training step over one batch as one pure function (jitted once
-        per compiled program, i.e. per input shape)."""
+        per compiled program, i.e. per input shape). Steps whose loss weight is zero
+        for every sample skip the online rules' pull-back; an update whose loss is not
+        finite is not applied (the step says so in its last output)."""
         program, optimizer = compiled.program, self.optimizer
         paths = {format_path(s.path): s.path for s in compiled.module.weights}
         pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
         every = self.update_every
+        # With the loss at every step nothing is skipped: no per-step branch at all.
+        skips = self.loss_on != "all" and compiled.plan is not None
 
         def collected_logs(losses, collected, ys, weight):
             norms = {}
@@ -342,40 +375,74 @@ class Trainer:
 
         def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight):
             weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
+            options = {"active": jnp.any(weight != 0, axis=1)} if skips else {}
             if every is None:
                 grad_leaves, losses, final, collected = program.run(weights, state_leaves, xs_leaves, (ys, weight),
-                                                                    collect=True)
+                                                                    collect=True, **options)
                 read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
                 grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
                          for name, value in values.items()}
-                updates, opt_state = optimizer.update(grads, opt_state, values)
+                updates, new_opt_state = optimizer.update(grads, opt_state, values)
                 new_values = optax.apply_updates(values, updates)
             else:  # the optimizer runs inside the scan; its state is over the weight leaves
-                weights, opt_state, losses, final, collected = program.run_with_updates(
-                    weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True)
+                weights, new_opt_state, losses, final, collected = program.run_with_updates(
+                    weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True,
+                    **options)
                 new_values = dict(values)
                 new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
                 grads = None
-            return (new_values, opt_state, final, grads, *collected_logs(losses, collected, ys, weight))
+            loss, logs, norms = collected_logs(losses, collected, ys, weight)
+            finite = jnp.isfinite(loss)
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
+            return new_values, new_opt_state, final, grads, loss, logs, norms, finite
 
         return jax.jit(train_step)
 
-    def _train_batch(self, params, xs, ys, weight) -> tuple[float, dict[str, float]]:
-        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
+    def _batch_program(self, xs, ys, weight):
+        """``(compiled, jitted step)`` for this batch's shapes, kept per shape for the
+        whole ``fit`` (no signature of the model's states per batch)."""
+        key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
+        entry = self._batch_programs.get(key)
+        if entry is None:
+            compiled = self._compiled(xs, ys, weight)
+            step = self._steps.get(id(compiled.program))
+            if step is None:
+                step = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
+            entry = self._batch_programs[key] = (compiled, step[1])
+        return entry
+
+    def _epoch_logs(self, epoch: int, records: list) -> dict[str, float]:
+        """Size-weighted means of the batches' loss and metrics; warns when batches had a
+        non-finite loss (their updates were not applied)."""
+        total = sum(size for size, *_ in records)
+        logs = {"loss": sum(size * float(loss) for size, loss, _, _ in records) / total}
+        for key in records[0][2] if records else ():
+            logs[key] = sum(size * float(metrics[key]) for size, _, metrics, _ in records) / total
+        skipped = sum(not bool(finite) for *_, finite in records)
+        if skipped:
+            self.skipped_batches += skipped
+            warnings.warn(f"epoch {epoch + 1}: {skipped} of {len(records)} batches had a non-finite loss; their "
+                          "updates were not applied (lower the learning rate, set grad_clip, or add TerminateOnNaN to "
+                          "stop)", RuntimeWarning, stacklevel=3)
+        return logs
+
+    def _train_batch(self, params, xs, ys, weight):
+        """One jitted training step; returns the batch's loss, metrics and finite flag
+        as device values (no host sync)."""
         values = {format_path(path): state.value for path, state in params.items()}
-        compiled = self._compiled(xs, ys, weight)
+        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])  # async: overlaps the last step
+        compiled, step = self._batch_program(xs, ys, weight)
         if self.opt_state is None:
             self._init_optimizer(values if self.update_every is None else compiled.weight_leaves())
-        entry = self._steps.get(id(compiled.program))
-        if entry is None:
-            entry = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
-        new_values, self.opt_state, final, grads, loss, logs, norms = entry[1](
-            values, self.opt_state, compiled.state_leaves(), jax.tree.leaves(xs), ys, weight)
+        leaves = compiled.state_leaves()
+        new_values, self.opt_state, final, grads, loss, logs, norms, finite = step(
+            values, self.opt_state, leaves, [xs], ys, weight)
         for path, state in params.items():
             state.value = new_values[format_path(path)]
         compiled.write_states(final)
         self.last_gradients, self.last_trace_norms = grads, norms
-        return float(loss), {k: float(v) for k, v in logs.items()}
+        return loss, logs, finite
 
     def _build_eval_step(self):
         model, loss_fn = self.model, self.loss_fn

@@ -1,12 +1,12 @@
 """The hybrid plan (etrace_fit/algorithms/hybrid.py): a rule per traced weight, its
 report, per-weight overrides, and configuration errors.
 
-Rule of the module docstring: elementwise relations get D-RTRL; a dense or conv
-relation gets D-RTRL when its trace (``B·P·K·O·S``) is within 4x of the ES-D-RTRL trace
-(``B·P·(K + O·S)``), else ES-D-RTRL; then pairs move to D-RTRL, exact ones first, while
-the traces fit the budget (default: 4 MiB per sample). ``big_plan`` passes a budget of
-0 unless told otherwise, to test the factor rule alone. The expected choices and byte
-counts below are computed from those formulas by hand.
+Rule of the module docstring: elementwise relations get D-RTRL; dense and conv
+relations start on ES-D-RTRL (trace ``P·(K + O·S)`` per sample) and move to D-RTRL
+(``P·K·O·S`` per sample), exact ones first, then the cheapest, while the traces of one
+sample fit the budget (default: 4 MiB per sample). ``big_plan`` passes a budget of 0
+unless told otherwise. The expected choices and byte counts below are computed from
+those formulas by hand.
 """
 
 from __future__ import annotations
@@ -98,20 +98,22 @@ def test_dict_overrides_force_rules_per_weight(algo, expected):
     assert rules_by_weight(big_plan(algo)) == expected
 
 
-@pytest.mark.parametrize("in_size,out_size,expected", [
-    (4, 8, "d_rtrl"),   # K=5:  5·8 = 40 ≤ 4·(5+8) = 52
-    (7, 8, "d_rtrl"),   # K=8:  64 = 4·16, the boundary is inclusive
-    (8, 8, "esd_rtrl"),  # K=9:  72 > 68
-    (1, 64, "d_rtrl"),  # K=2: 128 ≤ 264
+@pytest.mark.parametrize("in_size,out_size,budget,expected", [
+    (4, 8, 0, "esd_rtrl"),  # no budget: even a tiny dense weight stays on ES-D-RTRL
+    (4, 8, 5 * 8 * 4 - 1, "esd_rtrl"),  # per sample D-RTRL is 5·8·4 B, one byte short
+    (4, 8, 5 * 8 * 4, "d_rtrl"),  # the boundary is inclusive
+    (1, 64, None, "d_rtrl"),  # the default budget
 ])
-def test_hybrid_threshold_is_four_times_the_esd_trace(in_size, out_size, expected):
+def test_a_dense_weight_moves_to_d_rtrl_when_its_trace_fits_per_sample(in_size, out_size, budget, expected):
     with brainstate.environ.context(dt=1.0):
         model = ef.Sequential(L.Linear(in_size, out_size, w_init=rand(0, in_size, out_size), b_init=np.zeros(out_size)),
                               L.LIF(out_size))
-        brainstate.nn.init_all_states(model, batch_size=2)
-        xs = jnp.zeros((3, 2, in_size))
-        _, plan = ef.algorithms.plan_for(model, xs, None, lambda out, _: out.sum(), memory_budget=0)
-    assert [rule.name for rule in plan.rules] == [expected]
+        plans = []
+        for batch in (2, 64):  # the batch size never changes the choice
+            brainstate.nn.init_all_states(model, batch_size=batch)
+            xs = jnp.zeros((3, batch, in_size))
+            plans.append(ef.algorithms.plan_for(model, xs, None, lambda out, _: out.sum(), memory_budget=budget)[1])
+    assert [[rule.name for rule in plan.rules] for plan in plans] == [[expected]] * 2
 
 
 def test_override_changes_the_gradient_of_that_weight_only():
@@ -178,13 +180,16 @@ def test_make_plan_error_does_not_call_bptt_valid():
 
 # ---------------------------------------------------------------- memory budget
 def test_a_budget_that_fits_the_d_rtrl_trace_moves_the_dense_weight_to_d_rtrl():
+    """Budgets are bytes per sample; the report shows the totals at the batch too."""
     esd_dense, tau = BIG_BATCH * (BIG + 1 + BIG) * 4, BIG_BATCH * BIG * 4
     d_rtrl_dense = BIG_BATCH * (BIG + 1) * BIG * 4
-    assert rules_by_weight(big_plan(memory_budget=d_rtrl_dense + tau - 1))["layers.0.weight"] == "esd_rtrl"
-    plan = big_plan(memory_budget=d_rtrl_dense + tau)
+    per_sample = (d_rtrl_dense + tau) // BIG_BATCH  # 264192 B
+    assert rules_by_weight(big_plan(memory_budget=per_sample - 1))["layers.0.weight"] == "esd_rtrl"
+    plan = big_plan(memory_budget=per_sample)
     assert rules_by_weight(plan) == {"layers.0.weight": "d_rtrl", "layers.1.tau": "d_rtrl"}
-    assert sum(plan.trace_bytes()) == d_rtrl_dense + tau
-    assert plan.memory_budget == d_rtrl_dense + tau and "budget 8.1 MiB" in plan.report()
+    assert sum(plan.trace_bytes()) == d_rtrl_dense + tau and plan.bytes_per_sample() == per_sample
+    assert plan.memory_budget == per_sample
+    assert "total 8.1 MiB: 258.0 KiB per sample, budget 258.0 KiB per sample" in plan.report()
     # a string size is read with its unit; a budget never overrides a forced rule
     assert rules_by_weight(big_plan(memory_budget="1GiB"))["layers.0.weight"] == "d_rtrl"
     forced = big_plan({"layers.0.*": "esd_rtrl"}, memory_budget="1GiB")
@@ -199,8 +204,8 @@ def test_the_budget_is_spent_on_the_cheapest_move_first():
                               L.Linear(64, 32, b_init=np.zeros(32)), L.LIF(32), L.Linear(32, 2))
         brainstate.nn.init_all_states(model, batch_size=batch)
         xs, ys = jnp.zeros((2, batch, 64)), jnp.zeros((2, batch, 2))
-        esd = batch * item * ((65 + 64) + (65 + 32))
-        extra_first, extra_second = batch * item * (65 * 64 - 129), batch * item * (65 * 32 - 97)
+        esd = item * ((65 + 64) + (65 + 32))  # per sample
+        extra_first, extra_second = item * (65 * 64 - 129), item * (65 * 32 - 97)
         _, plan = ef.algorithms.plan_for(model, xs, ys, mse, memory_budget=esd + extra_second)
         assert rules_by_weight(plan) == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}
         _, plan = ef.algorithms.plan_for(model, xs, ys, mse, memory_budget=esd + extra_second + extra_first)
@@ -241,16 +246,16 @@ def test_without_a_budget_d_rtrl_is_chosen_per_sample_and_the_plan_is_batch_free
     assert "budget 4.0 MiB per sample (default)" in big_plan(memory_budget=None).report()
     plans = [_two_layer_plan(batch) for batch in (1, 2, 32)]
     assert len({tuple(rule.name for rule in plan.rules) for plan in plans}) == 1
-    # the exact weight moves; the approximate one stays on ES-D-RTRL without a user budget
-    assert rules_by_weight(plans[0]) == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}
+    # both fit the default budget, the approximate weight too: D-RTRL is the closer gradient
+    assert rules_by_weight(plans[0]) == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
     # 16385·64·4 B per sample is more than 4 MiB: the factor rule's ES-D-RTRL stays
     assert rules_by_weight(_two_layer_plan(2, in_size=16384))["layers.0.weight"] == "esd_rtrl"
 
 
 def test_the_budget_goes_to_exact_weights_before_cheaper_approximate_ones():
     batch, item = 2, 4
-    esd = batch * item * ((17 + 64) + (65 + 64))
-    extra_first, extra_second = batch * item * (17 * 64 - 81), batch * item * (65 * 64 - 129)
+    esd = item * ((17 + 64) + (65 + 64))  # per sample
+    extra_first, extra_second = item * (17 * 64 - 81), item * (65 * 64 - 129)
     assert extra_first < extra_second  # the first weight is the cheaper move, but approximate
     plan = _two_layer_plan(batch, memory_budget=esd + extra_second)
     assert rules_by_weight(plan) == {"layers.0.weight": "esd_rtrl", "layers.2.weight": "d_rtrl"}

@@ -175,3 +175,73 @@ def test_record_spikes_errors():
         trainer.record_spikes(np.zeros((T, C), np.float32))
     with pytest.raises(ShapeError, match="one sequence"):
         ef.Trainer(_model()).record_spikes(np.zeros((C,), np.float32))
+
+
+@pytest.mark.parametrize("update_every", [None, 5])
+def test_a_batch_with_a_non_finite_loss_is_not_applied_and_is_reported(update_every):
+    """A batch whose loss is NaN (here: one poisoned target) leaves weights and optimizer
+    state as they were, the other batches train, and the epoch warns with the count."""
+    x, y = _data(24)
+    y = y.astype(np.float32)
+    y[9] = 1e3  # in the second batch of 8
+
+    def loss(out, target):  # NaN for the poisoned sample
+        return jnp.where(target > 100, jnp.nan, (out[..., 0] - target) ** 2)
+
+    trainer = ef.Trainer(_model(), algo="d_rtrl", loss=loss, metrics=[], optimizer=optax.sgd(0.05),
+                         update_every=update_every)
+    before = {p: np.asarray(s.value["weight"]) for p, s in trainer.model.states(brainstate.ParamState).items()
+              if isinstance(s.value, dict)}
+    with pytest.warns(RuntimeWarning, match=r"epoch 1: 1 of 3 batches had a non-finite loss; their updates were not"):
+        history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert trainer.skipped_batches == 1
+    assert np.isnan(history.history["loss"][0])  # the epoch's mean says so too
+    after = trainer.model.states(brainstate.ParamState)
+    for path, value in before.items():
+        new = np.asarray(after[path].value["weight"])
+        assert np.all(np.isfinite(new)) and not np.allclose(new, value), path  # the good batches trained
+    assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(trainer.opt_state))
+
+
+def test_batch_logs_are_read_only_floats_that_wait_for_the_device():
+    """``on_train_batch_end`` gets a mapping of floats (``raw``: the device scalars),
+    one per batch; the epoch's logs are the size-weighted means of them."""
+    x, y = _data(20)
+    seen = []
+
+    class Spy(ef.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((isinstance(logs, ef.callbacks.BatchLogs), dict(logs), set(logs.raw)))
+
+    trainer = ef.Trainer(_model(), algo="esd_rtrl", optimizer=optax.sgd(0.0))
+    history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[Spy()])
+    assert [s[0] for s in seen] == [True] * 3
+    assert all(type(v) is float for _, logs, _ in seen for v in logs.values())
+    assert all(keys == {"loss", "accuracy"} for *_, keys in seen)
+    sizes = [8, 8, 4]
+    mean = sum(n * logs["loss"] for n, (_, logs, _) in zip(sizes, seen)) / 20
+    assert history.history["loss"][0] == pytest.approx(mean, rel=1e-6)
+
+
+def test_traces_that_do_not_fit_the_device_fail_before_training(monkeypatch):
+    """At fit start the batch's traces are checked against the device's memory; the
+    error names the batch size that would fit, and no update is applied."""
+    from etrace_fit.training import trainer as trainer_module
+
+    x, y = _data(16)
+    trainer = ef.Trainer(_model(), algo="d_rtrl")
+    before = {p: np.asarray(s.value["weight"]) for p, s in trainer.model.states(brainstate.ParamState).items()}
+    # per sample: layer 0 D-RTRL (5 + 1)·12·4 = 288 B; the readout (12 + 1)·2·4 = 104 B
+    monkeypatch.setattr(trainer_module, "device_memory", lambda: 392 * 5)
+    with pytest.raises(ConfigError, match=r"a batch of 8 need .*0\.00 MiB per sample.* at most 5"):
+        trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = trainer.model.states(brainstate.ParamState)
+    assert all(np.array_equal(np.asarray(after[p].value["weight"]), v) for p, v in before.items())
+    monkeypatch.setattr(trainer_module, "device_memory", lambda: 392 * 8)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # exactly fits
+
+
+def test_device_memory_is_known():
+    from etrace_fit.training.trainer import device_memory
+
+    assert device_memory() > 2**20

@@ -145,12 +145,12 @@ def test_report_shows_the_rule_per_weight_after_the_first_batch():
 
 
 def test_a_last_smaller_batch_keeps_the_plan_of_the_first():
-    """With a total memory_budget, the plan is counted at the first batch's size: a
-    last batch of 2 (where D-RTRL would fit) keeps the first batch's ES-D-RTRL."""
+    """The budget is per sample, so a last batch of 2 gets the first batch's rules, and
+    so does a plan made at batch 2 alone; the report counts totals at the first batch."""
     x, y = _data(10)
     model = ef.Sequential(L.Linear(C, 8), L.ALIF(8), L.LeakyRateReadout(8, 2))
     # per sample: layer 0 D-RTRL 7·8·2·4 = 448 B, ES 92 B; the readout's D-RTRL 72 B
-    budget = (92 + 72) * 8 + (448 - 92) * 2  # fits the move at batch 2, not at batch 8
+    budget = 92 + 72 + (448 - 92) - 1  # one byte short of moving layer 0
     trainer = ef.Trainer(model, algo="hybrid", memory_budget=budget)
     with pytest.warns(ef.ApproximationWarning):
         trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
@@ -159,6 +159,7 @@ def test_a_last_smaller_batch_keeps_the_plan_of_the_first():
     last = trainer._compiled(xs, ys, weight)
     assert xs.shape[1] == 2 and [r.name for r in last.plan.rules] == ["esd_rtrl", "d_rtrl"]
     assert last.plan.batch == 8
-    # at batch 2 on its own the budget would have moved it: the test can tell the difference
     alone = ef.algorithms.compile_sequence(model, xs, (ys, weight), trainer._step_loss, memory_budget=budget)
-    assert [r.name for r in alone.plan.rules] == ["d_rtrl", "d_rtrl"]
+    assert [r.name for r in alone.plan.rules] == ["esd_rtrl", "d_rtrl"] and alone.plan.batch == 2
+    more = ef.algorithms.compile_sequence(model, xs, (ys, weight), trainer._step_loss, memory_budget=budget + 1)
+    assert [r.name for r in more.plan.rules] == ["d_rtrl", "d_rtrl"]  # the test can tell the difference
