@@ -179,27 +179,28 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             return [jnp.stack([outs[num_outputs + state_position[path]] for path in g.paths], axis=-1) for g in groups]
 
         _, linear = jax.linearize(transitions, h_prev, ys)
-        zero_h = [jnp.zeros_like(h) for h in h_prev]
-        zero_y = [jnp.zeros_like(y) for y in ys]
+        # Every direction at once (one vmapped pass, not one pass each: on small layers
+        # the number of kernels per step is the cost): a unit tangent on each state of
+        # each elementwise group, and a ones tangent on each relation's output.
+        directions = [("h", n, s) for n, g in enumerate(groups) if g.elementwise for s in range(g.num_states)]
+        directions += [("y", m, None) for m in range(len(ys))]
+        h_tangents = [jnp.stack([jnp.zeros_like(h).at[..., s].set(1.0) if kind == "h" and i == n
+                                 else jnp.zeros_like(h) for kind, i, s in directions]) for n, h in enumerate(h_prev)]
+        y_tangents = [jnp.stack([jnp.ones_like(y) if kind == "y" and i == m else jnp.zeros_like(y)
+                                 for kind, i, _ in directions]) for m, y in enumerate(ys)]
+        outs = jax.vmap(linear)(h_tangents, y_tangents) if directions else None
         jacobians = {}
         for n, group in enumerate(groups):
             if not group.elementwise:  # units mix: the exact per-unit blocks, at a cost
                 jacobians[group.index] = group_jacobian(module, group, leaves, input_leaves)
                 continue
-            columns = []
-            for s in range(group.num_states):
-                tangent = list(zero_h)
-                tangent[n] = zero_h[n].at[..., s].set(1.0)
-                columns.append(linear(tangent, zero_y)[n])
+            columns = [outs[n][directions.index(("h", n, s))] for s in range(group.num_states)]
             jacobians[group.index] = jnp.stack(columns, axis=-1)
         sensitivities = {}
         for m, eqn_index in enumerate(relation_eqns):
-            tangent = list(zero_y)
-            tangent[m] = jnp.ones_like(ys[m])
-            out = linear(zero_h, tangent)
             for pair in pairs:
                 if pair.relation.eqn_index == eqn_index:
-                    sensitivities[pair.index] = out[groups.index(pair.group)]
+                    sensitivities[pair.index] = outs[groups.index(pair.group)][directions.index(("y", m, None))]
         return jacobians, sensitivities
 
     def signals(weights, others, input_leaves, target, active=None):
@@ -280,9 +281,9 @@ def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array)
 
 
 def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None) -> int:
-    """Steps per chunk: ``requested``, else :data:`DEFAULT_CHUNK`, shortened while the
-    chunk's stacked signals would take more than the traces (or 64 MiB); at most the
-    sequence length."""
+    """Steps per chunk: ``requested``, else :data:`DEFAULT_CHUNK`, halved while the
+    chunk's stacked signals would take more than the traces (or 64 MiB), at most the
+    sequence length, and lowered (by at most half) to a divisor of it when one exists."""
     if requested is not None:
         return max(1, min(int(requested), length))
     per_step = sum(batch * p.positions * (p.patch + p.outputs * (p.num_states ** 2 + 3 * p.num_states + 1))
@@ -292,7 +293,12 @@ def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: 
     size = DEFAULT_CHUNK
     while size > 1 and size * per_step > allowed:
         size //= 2
-    return max(1, min(size, length))
+    size = max(1, min(size, length))
+    # A chunk size that divides the length (down to half the cap) leaves no shorter last
+    # chunk, whose buffers XLA would keep apart from the loop's: memory stays the same
+    # for any length with such a divisor (T = 200 and 2000 both run in chunks of 25).
+    divisor = next((d for d in range(size, size // 2, -1) if length % d == 0), None)
+    return size if divisor is None else divisor
 
 
 # ------------------------------------------------------------------ the program
@@ -330,7 +336,7 @@ def build_online(
         mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
         return [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
 
-    def run_chunk(weights, carry, inputs):
+    def run_chunk(weights, carry, inputs, collect):
         """``C`` steps (``C`` = the inputs' leading axis): the step program over the
         chunk, then every rule once over the stacked signals."""
         others, traces, weight_acc, pair_acc, t = carry
@@ -341,7 +347,7 @@ def build_online(
             loss, outputs, others, weight_grads, signals = program.signals(weights, others, input_leaves, target,
                                                                            active)
             weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
-            return (others, weight_acc), (loss, outputs, signals)
+            return (others, weight_acc), (loss, outputs if collect else None, signals)
 
         (others, weight_acc), (losses, outputs, signals) = lax.scan(step, (others, weight_acc), inputs)
         new_traces = []
@@ -352,18 +358,18 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 
-    def run_steps(weights, carry, inputs, size):
+    def run_steps(weights, carry, inputs, size, collect):
         """All steps of ``inputs`` (leading axis T): full chunks of ``size`` in a scan,
         then the remainder as one shorter chunk."""
         length = jax.tree.leaves(inputs)[0].shape[0]
         full, tail = divmod(length, size)
         pieces = []
-        if full:
-            head = jax.tree.map(lambda v: v[:full * size].reshape(full, size, *v.shape[1:]), inputs)
-            carry, (losses, outputs) = lax.scan(lambda c, i: run_chunk(weights, c, i), carry, head)
+        if full:  # each chunk sliced from the inputs in place (a reshaped prefix would be a copy)
+            carry, (losses, outputs) = lax.scan(
+                lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect), carry, jnp.arange(full))
             pieces.append(jax.tree.map(lambda v: v.reshape(full * size, *v.shape[2:]), (losses, outputs)))
         if tail:
-            carry, out = run_chunk(weights, carry, jax.tree.map(lambda v: v[full * size:], inputs))
+            carry, out = run_chunk(weights, carry, _slice(inputs, full * size, tail), collect)
             pieces.append(out)
         if len(pieces) == 1:
             return carry, pieces[0]
@@ -390,7 +396,7 @@ def build_online(
         carry = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights),
                  jnp.zeros((), jnp.int32))
         (others, traces, weight_acc, pair_acc, t), (losses, outputs) = run_steps(weights, carry, inputs,
-                                                                                  size_for(length))
+                                                                                  size_for(length), collect)
         grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
                                  [x[0] for x in xs_leaves])
         final = program.assemble(weights, others)
@@ -408,7 +414,7 @@ def build_online(
         size = size_for(min(every, length))
 
         def window(weights, opt_state, inner, window_inputs):
-            inner, out = run_steps(weights, inner, window_inputs, size)
+            inner, out = run_steps(weights, inner, window_inputs, size, collect)
             others, traces, weight_acc, pair_acc, t = inner
             last_inputs = [x[-1] for x in window_inputs[0]]
             grads = weight_gradients(weights, weight_acc, pair_acc, others, last_inputs)
@@ -422,18 +428,15 @@ def build_online(
         full, tail = divmod(length, every)
         pieces = []
         if full:
-            head = jax.tree.map(lambda v: v[:full * every].reshape(full, every, *v.shape[1:]), inputs)
-
-            def body(carry, window_inputs):
+            def body(carry, n):
                 weights, opt_state, inner = carry
-                weights, opt_state, inner, out = window(weights, opt_state, inner, window_inputs)
+                weights, opt_state, inner, out = window(weights, opt_state, inner, _slice(inputs, n * every, every))
                 return (weights, opt_state, inner), out
 
-            (weights, opt_state, inner), out = lax.scan(body, (weights, opt_state, inner), head)
+            (weights, opt_state, inner), out = lax.scan(body, (weights, opt_state, inner), jnp.arange(full))
             pieces.append(jax.tree.map(lambda v: v.reshape(full * every, *v.shape[2:]), out))
         if tail:  # a last partial window still updates the weights
-            weights, opt_state, inner, out = window(weights, opt_state, inner,
-                                                    jax.tree.map(lambda v: v[full * every:], inputs))
+            weights, opt_state, inner, out = window(weights, opt_state, inner, _slice(inputs, full * every, tail))
             pieces.append(out)
         losses, outputs = pieces[0] if len(pieces) == 1 else jax.tree.map(
             lambda a, b: jnp.concatenate([a, b]), *pieces)
@@ -446,6 +449,11 @@ def build_online(
     itemsize = jnp.dtype(trace_dtype).itemsize
     default_chunk = chunk_size(pairs, rules, batch, itemsize, 1 << 30, chunk)
     return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk=default_chunk)
+
+
+def _slice(tree: Any, start: Any, size: int) -> Any:
+    """``size`` steps of every leaf of ``tree`` from step ``start`` (traced or not)."""
+    return jax.tree.map(lambda v: lax.dynamic_slice_in_dim(v, start, size), tree)
 
 
 def _effective_cotangents(pairs, pair_acc) -> dict:

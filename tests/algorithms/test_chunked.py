@@ -122,10 +122,12 @@ def test_chunk_size_is_automatic_and_bounded():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
         _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
     pairs, rules = plan.pairs, plan.rules
-    assert chunk_size(pairs, rules, B, 8, 10_000) == DEFAULT_CHUNK
+    assert chunk_size(pairs, rules, B, 8, 4096) == DEFAULT_CHUNK
     assert chunk_size(pairs, rules, B, 8, 5) == 5
+    assert chunk_size(pairs, rules, B, 8, 200) == 25 and chunk_size(pairs, rules, B, 8, 2000) == 25  # divisors
+    assert chunk_size(pairs, rules, B, 8, 229) == DEFAULT_CHUNK  # a prime: a shorter last chunk
     assert chunk_size(pairs, rules, B, 8, 10_000, requested=3) == 3
-    assert chunk_size(pairs, rules, 10**7, 8, 10_000) < DEFAULT_CHUNK  # a huge batch: shorter chunks
+    assert chunk_size(pairs, rules, 10**7, 8, 4096) < DEFAULT_CHUNK  # a huge batch: shorter chunks
 
 
 @pytest.mark.parametrize("every", [1, 5, 7, 30, 45])
