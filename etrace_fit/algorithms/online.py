@@ -56,13 +56,14 @@ class OnlineProgram:
     ``module.weights`` leaf order, ``state_leaves`` all states' leaves (the weights'
     among them are ignored), ``xs`` time-major; ``active`` an optional ``(T,)`` bool:
     ``False`` where the step's loss is known to be zero (its pull-back is skipped).
-    ``pairs`` names what the trace norms belong to; ``chunk`` is the steps per chunk.
+    ``pairs`` names what the trace norms belong to; ``chunk_for(T)`` is the steps per
+    chunk of a sequence of length ``T``.
     """
 
     run: Callable[..., Any]
     run_with_updates: Callable[..., Any] | None = None
     pairs: tuple = ()
-    chunk: int = 1
+    chunk_for: Callable[[int], int] = lambda length: 1
 
 
 # ------------------------------------------------------------------ the step program
@@ -446,9 +447,7 @@ def build_online(
             return weights, opt_state, losses, final, Collected(outputs, trace_norms(traces, t))
         return weights, opt_state, losses, final
 
-    itemsize = jnp.dtype(trace_dtype).itemsize
-    default_chunk = chunk_size(pairs, rules, batch, itemsize, 1 << 30, chunk)
-    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk=default_chunk)
+    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk_for=size_for)
 
 
 def _slice(tree: Any, start: Any, size: int) -> Any:

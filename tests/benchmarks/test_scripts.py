@@ -21,3 +21,32 @@ def test_benchmark_script_runs(args):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bptt" in result.stdout or "compile_graph" in result.stdout
+
+
+@pytest.mark.slow
+def test_speed_script_writes_docs(tmp_path):
+    out = tmp_path / "performance.md"
+    args = ["benchmarks/speed.py", "--quick", "--repeats", "1", "--models", "gru", "--loss", "all", "last",
+            "--out", str(out), "--write-docs"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "## Targets" in text and "| target | model | measured | cpu ratio | result |" in text
+    for rule in ("bptt", "d_rtrl", "esd_rtrl"):
+        for loss in ("all", "last"):
+            assert f"| 128 | 16 | 200 | {loss} | {rule} |" in text
+
+
+@pytest.mark.slow
+def test_demo_script_compares_the_algos(tmp_path):
+    out = tmp_path / "demo.json"
+    args = ["benchmarks/demo.py", "--seeds", "0", "--epochs", "1", "--samples", "64", "--json", str(out)]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| hybrid | 1 |" in result.stdout and "| bptt | 1 |" in result.stdout
+    import json
+
+    saved = json.loads(out.read_text())
+    assert set(saved["results"]) == {"hybrid", "bptt"} and 0.0 <= saved["results"]["hybrid"][0]["accuracy"] <= 1.0

@@ -1,0 +1,71 @@
+"""``etrace-fit train`` with its defaults against ``--algo bptt``: accuracy and wall time, seeds interleaved.
+
+    python benchmarks/demo.py [--seeds 0 1 2] [--algos hybrid bptt] [--json benchmarks/results/demo.json]
+
+For every seed, each algo trains the default task (the e-prop evidence task, T = 230,
+loss at the last step) from scratch with the command's defaults, in this process
+(``etrace_fit.cli.train``; no TensorBoard logs, no progress bar), one algo after the
+other (hybrid, bptt, hybrid, bptt, ...), so a noisy neighbour slows both alike. The
+table gives, per algo, the median over seeds of the final validation accuracy and of
+the wall time of ``fit`` (compilation included, as a user sees it), and their
+ratio to the last algo. ``benchmarks/speed.py --write-docs`` copies the table into
+``docs/performance.md`` when the JSON is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shlex
+import statistics
+import sys
+import time
+import warnings
+
+from etrace_fit import cli
+
+
+def table(results: dict) -> list[str]:
+    """Markdown rows: per algo, median accuracy and seconds over the seeds."""
+    algos = list(results)
+    base = statistics.median(r["seconds"] for r in results[algos[-1]])
+    lines = ["| algo | seeds | validation accuracy (median, min–max) | fit wall time s (median) | time / "
+             f"{algos[-1]} |", "|---|---|---|---|---|"]
+    for algo, runs in results.items():
+        accuracies = [r["accuracy"] for r in runs]
+        seconds = statistics.median(r["seconds"] for r in runs)
+        lines.append(f"| {algo} | {len(runs)} | {statistics.median(accuracies):.3f} ({min(accuracies):.3f}–"
+                     f"{max(accuracies):.3f}) | {seconds:.1f} | {seconds / base:.2f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--algos", nargs="+", default=["hybrid", "bptt"])
+    parser.add_argument("--json", help="write the runs here")
+    parser.add_argument("--epochs", type=int, help="fewer epochs than the task's (a smoke run)")
+    parser.add_argument("--samples", type=int, help="fewer training sequences than the task's (a smoke run)")
+    args = parser.parse_args()
+    results: dict = {algo: [] for algo in args.algos}
+    for seed in args.seeds:
+        for algo in args.algos:
+            extra = [flag for name in ("epochs", "samples") if getattr(args, name)
+                     for flag in (f"--{name}", str(getattr(args, name)))]
+            parsed = cli._parser().parse_args(["train", "--algo", algo, "--seed", str(seed), "--logdir", "none",
+                                               "--verbose", "0", *extra])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                summary = cli.train(parsed)
+            results[algo].append({"seed": seed, "accuracy": float(summary["accuracy"]),
+                                  "seconds": float(summary["seconds"])})
+    text = "\n".join(table(results))
+    print(text)
+    if args.json:
+        meta = {"date": time.strftime("%Y-%m-%d"), "command": shlex.join(["python", "benchmarks/demo.py", *sys.argv[1:]])}
+        pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""Speed and memory of the online rules against BPTT over a grid of sizes, interleaved in one process.
+
+    python benchmarks/speed.py [--models gru rlif] [--hidden 128 512] [--batch 16 64] [--lengths 200 2000]
+        [--loss all last] [--repeats 5] [--max-gib 8] [--quick] [--write-docs [--out docs/performance.md]]
+        [--json OUT.json]
+
+Models (I=64 inputs, O=10 outputs, float32): "gru" = ``GRUCell(64, H) → Linear(H, 10)``
+on Gaussian inputs; "rlif" = ``RecurrentLIF(64, H, tau=10) → Linear(H, 10)`` on
+Bernoulli(0.2) spike inputs, weights N(0, 1/√64) (input rows) and N(0, 1/√H) (recurrent
+rows), which fire at about 10–12 % (the mean rate is printed per configuration). The loss is a
+weighted squared error per step: "all" weighs every step 1/T, "last" only the last
+step; with "last" the online rules get the per-step ``active`` flag, so the steps
+without loss skip their pull-back (BPTT has no such flag).
+
+For every configuration (model, H, B, T, loss) it compiles one jitted whole-sequence
+gradient per rule (``etrace_fit.algorithms.sequence._prepare``, as ``rules.py`` does):
+``bptt``, ``d_rtrl`` and ``esd_rtrl``, calls each once to warm up, then ``--repeats``
+rounds interleaved (bptt, d_rtrl, esd_rtrl, bptt, ...), blocking on the results. It
+reports medians of CPU time (``time.process_time``, all threads of the process) and
+wall time (``time.perf_counter``), their ratios to BPTT, the XLA temp bytes of each
+compiled program (``compiled.memory_analysis().temp_size_in_bytes``), and the peak RSS
+of the process at the end. A configuration whose estimated memory exceeds ``--max-gib``
+is skipped (and listed as such). ``--quick``: H=128, B=16, T=200, 3 repeats (a smoke
+test). Progress goes to stderr; the Markdown report to stdout, or to ``--out`` with
+``--write-docs`` (plus a PNG of the wall-time ratios next to it if matplotlib is there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import resource
+import shlex
+import statistics
+import sys
+import time
+import warnings
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import etrace_fit as ef
+from etrace_fit import layers
+from etrace_fit.algorithms.sequence import _prepare
+
+I, O = 64, 10
+RULES = ("bptt", "d_rtrl", "esd_rtrl")
+MiB, GiB = 2 ** 20, 2 ** 30
+# BPTT keeps about this many floats per step, sample and unit for its backward pass
+# (measured: 12.2 for the GRU, 5.7 for the recurrent LIF; rounded up for the estimate).
+BPTT_FLOATS = {"gru": 16, "rlif": 8}
+GATES = {"gru": 3, "rlif": 1}  # weights on [x, h] with a D-RTRL trace (B, I+H+1, H) each
+CHUNK_BUFFERS = 64 * MiB        # the online program's chunk buffers may take this much (online.py)
+
+# The issue's speed targets at H=128, B=16, T=200: (rule, loss, bound on wall time / BPTT's),
+# each for both models. The memory target (online temp flat in T) is in targets_table.
+SPEED_TARGETS = [("d_rtrl", "all", 1.5), ("esd_rtrl", "all", 0.6), ("esd_rtrl", "last", 0.35),
+                 ("d_rtrl", "last", 0.8)]
+LABELS = {"bptt": "BPTT", "d_rtrl": "D-RTRL", "esd_rtrl": "ES-D-RTRL"}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def estimate_bytes(name: str, hidden: int, batch: int, length: int) -> int:
+    """Peak memory of the largest of the three programs, roughly: BPTT's residuals grow
+    with T; D-RTRL's traces (and the chunk buffers, about as large) do not."""
+    bptt = length * batch * hidden * BPTT_FLOATS[name] * 4
+    traces = GATES[name] * batch * (I + hidden + 1) * hidden * 4
+    data = length * batch * (I + O + 1) * 4
+    return max(bptt, 2 * traces + CHUNK_BUFFERS) + 3 * data
+
+
+def build(name: str, hidden: int, batch: int):
+    rng = np.random.default_rng(0)
+    if name == "gru":
+        cell = layers.GRUCell(I, hidden)
+    else:  # RecurrentLIF's one weight acts on [x, z_prev]: input rows, then recurrent rows
+        w = np.concatenate([rng.normal(0, 1 / np.sqrt(I), (I, hidden)),
+                            rng.normal(0, 1 / np.sqrt(hidden), (hidden, hidden))]).astype(np.float32)
+        cell = layers.RecurrentLIF(I, hidden, tau=10.0, w_init=w)
+    model = ef.Sequential(cell, layers.Linear(hidden, O))
+    brainstate.nn.init_all_states(model, batch_size=batch)
+    return model
+
+
+def data(name: str, batch: int, length: int, loss: str):
+    rng = np.random.default_rng(1)
+    if name == "rlif":
+        xs = jnp.asarray(rng.random((length, batch, I)) < 0.2, jnp.float32)
+    else:
+        xs = jnp.asarray(rng.normal(size=(length, batch, I)), jnp.float32)
+    y_seq = jnp.asarray(rng.normal(size=(length, batch, O)), jnp.float32)
+    if loss == "all":
+        w_seq = jnp.full((length, batch), 1.0 / length, jnp.float32)
+    else:
+        w_seq = jnp.zeros((length, batch), jnp.float32).at[-1].set(1.0)
+    return xs, (y_seq, w_seq)
+
+
+def firing_rate(model, xs, batch: int, steps: int = 100) -> float:
+    """Mean spike rate of the recurrent LIF layer over the first ``steps`` steps (eager)."""
+    cell = model[0]
+    rate = float(np.mean([float(jnp.mean(cell(xs[t]))) for t in range(min(steps, xs.shape[0]))]))
+    brainstate.nn.init_all_states(model, batch_size=batch)  # start the measured sequence from rest
+    return rate
+
+
+def weighted_loss(out, target):  # target = (y_t, w_t); w_t has shape (B,)
+    y, w = target
+    return jnp.sum(w[:, None] * (out - y) ** 2) / w.shape[0]
+
+
+def compile_rule(model, rule: str, xs, ys, loss: str):
+    """The compiled whole-sequence gradient of ``rule``, its arguments, temp bytes and chunk."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ApproximationWarning etc.: not what is measured here
+        graph, _, _, program = _prepare(model, xs, ys, weighted_loss, rule, None, None, None)
+    module = graph.module
+    weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+    args = [weights, module.state_leaves(), [xs], ys]
+    if rule != "bptt" and loss == "last":  # skip the pull-back of the steps without loss
+        fn = jax.jit(lambda w, s, x, y, a: program.run(w, s, x, y, active=a))
+        args.append(jnp.any(ys[1] != 0, axis=1))
+    else:
+        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y))
+    compiled = fn.lower(*args).compile()
+    chunk = None if rule == "bptt" else program.chunk_for(xs.shape[0])
+    return compiled, args, compiled.memory_analysis().temp_size_in_bytes, chunk
+
+
+def timed(compiled, args) -> tuple[float, float]:
+    c0, w0 = time.process_time(), time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats: int, max_bytes: float) -> dict:
+    config = {"model": name, "H": hidden, "B": batch, "T": length, "loss": loss}
+    label = f"{name} H={hidden} B={batch} T={length} {loss}"
+    estimate = estimate_bytes(name, hidden, batch, length)
+    if estimate > max_bytes:
+        log(f"  {label}: skipped (estimated {estimate / GiB:.1f} GiB)")
+        return {**config, "skipped": f"would need {estimate / GiB:.1f} GiB"}
+    model = build(name, hidden, batch)
+    xs, ys = data(name, batch, length, loss)
+    if name == "rlif":
+        config["firing_rate"] = firing_rate(model, xs, batch)
+        log(f"  {label}: mean firing rate {config['firing_rate']:.1%}")
+    programs = {rule: compile_rule(model, rule, xs, ys, loss) for rule in RULES}
+    largest = max(temp for _, _, temp, _ in programs.values())
+    if largest > max_bytes:  # the estimate was too low: XLA's own count decides
+        log(f"  {label}: skipped (XLA temp {largest / GiB:.1f} GiB)")
+        return {**config, "skipped": f"would need {largest / GiB:.1f} GiB"}
+    for compiled, args, _, _ in programs.values():  # warm-up
+        jax.block_until_ready(compiled(*args))
+    cpu = {rule: [] for rule in RULES}
+    wall = {rule: [] for rule in RULES}
+    for _ in range(repeats):
+        for rule, (compiled, args, _, _) in programs.items():
+            c, w = timed(compiled, args)
+            cpu[rule].append(c)
+            wall[rule].append(w)
+    results = {rule: {"cpu": cpu[rule], "wall": wall[rule], "cpu_median": statistics.median(cpu[rule]),
+                      "wall_median": statistics.median(wall[rule]), "temp": programs[rule][2],
+                      "chunk": programs[rule][3]} for rule in RULES}
+    base = results["bptt"]
+    for rule, r in results.items():
+        r["cpu_ratio"] = r["cpu_median"] / base["cpu_median"]
+        r["wall_ratio"] = r["wall_median"] / base["wall_median"]
+        r["temp_ratio"] = r["temp"] / max(base["temp"], 1)
+        log(f"  {label} {rule}: wall {r['wall_median'] * 1e3:.1f} ms "
+            f"({r['wall_ratio']:.2f}× bptt), temp {r['temp'] / MiB:.1f} MiB")
+    return {**config, "rules": results}
+
+
+def find(results, **config):
+    for entry in results:
+        if all(entry[k] == v for k, v in config.items()) and "rules" in entry:
+            return entry
+    return None
+
+
+def targets_table(results) -> list[str]:
+    lines = ["| target | model | measured | cpu ratio | result |", "|---|---|---|---|---|"]
+    for rule, loss, bound, name in [(*target, name) for target in SPEED_TARGETS for name in ("gru", "rlif")]:
+        title = f"{LABELS[rule]} ≤ {bound}× BPTT (loss {loss})"
+        entry = find(results, model=name, H=128, B=16, T=200, loss=loss)
+        if entry is None:
+            lines.append(f"| {title} | {name} | — | — | not measured |")
+            continue
+        r = entry["rules"][rule]
+        verdict = "PASS" if r["wall_ratio"] <= bound else "MISS"
+        lines.append(f"| {title} | {name} | {r['wall_ratio']:.2f} (wall) | {r['cpu_ratio']:.2f} | {verdict} |")
+    notes = []
+    for name in ("gru", "rlif"):  # temp memory flat in T for the online rules; BPTT's for contrast
+        short, long = (find(results, model=name, H=128, B=16, T=t, loss="all") for t in (200, 2000))
+        for rule in RULES:
+            title = (f"{LABELS[rule]} temp T=2000 ≤ 1.05× T=200" if rule != "bptt"
+                     else "BPTT temp T=2000 / T=200 (grows)")
+            if short is None or long is None:
+                lines.append(f"| {title} | {name} | — | — | not measured |")
+                continue
+            ratio = long["rules"][rule]["temp"] / max(short["rules"][rule]["temp"], 1)
+            verdict = "—" if rule == "bptt" else ("PASS" if ratio <= 1.05 else "MISS")
+            lines.append(f"| {title} | {name} | {ratio:.3f} (temp) | — | {verdict} |")
+            if verdict == "MISS":  # compare the growth with the size of the inputs and targets per step
+                growth = (long["rules"][rule]["temp"] - short["rules"][rule]["temp"]) / (2000 - 200)
+                notes.append(f"{name} {rule}: +{growth / 1024:.1f} KiB per step (inputs and targets: "
+                             f"{16 * (I + O + 1) * 4 / 1024:.1f} KiB per step; chunk "
+                             f"{long['rules'][rule]['chunk']})")
+    if notes:
+        lines += ["", "Online temp growing with T: " + "; ".join(notes) + ". The program's chunks are slices "
+                  "of the inputs and the chunk size divides T where it can: growth means a buffer per step."]
+    return lines
+
+
+def model_table(results, name: str) -> list[str]:
+    lines = ["| H | B | T | loss | rule | chunk | cpu ms | wall ms | cpu/bptt | wall/bptt | temp MiB | temp/bptt |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for entry in (e for e in results if e["model"] == name):
+        head = f"| {entry['H']} | {entry['B']} | {entry['T']} | {entry['loss']} "
+        if "skipped" in entry:
+            lines.append(head + f"| skipped: {entry['skipped']} | | | | | | | |")
+            continue
+        for rule, r in entry["rules"].items():
+            lines.append(head + f"| {rule} | {r['chunk'] or '—'} | {r['cpu_median'] * 1e3:.1f} | "
+                         f"{r['wall_median'] * 1e3:.1f} | {r['cpu_ratio']:.2f} | {r['wall_ratio']:.2f} | "
+                         f"{r['temp'] / MiB:.1f} | {r['temp_ratio']:.3f} |")
+    rates = [f"H={e['H']} B={e['B']} T={e['T']} {e['loss']}: {e['firing_rate']:.1%}"
+             for e in results if e["model"] == name and "firing_rate" in e]
+    if rates:
+        lines += ["", "Mean firing rate of the recurrent LIF layer (first 100 steps): " + "; ".join(rates) + "."]
+    return lines
+
+
+def plot(results, path: pathlib.Path) -> str:
+    """Wall ratio to BPTT against T, one panel per (H, B, loss), one line per model and rule;
+    the Markdown that shows it (or says why there is none)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "(matplotlib is not installed: no plot.)"
+    measured = [e for e in results if "rules" in e]
+    panels = sorted({(e["H"], e["B"], e["loss"]) for e in measured})
+    if not panels:
+        return "(nothing measured: no plot.)"
+    cols = min(len(panels), 2)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    for ax, (hidden, batch, loss) in zip(axes.flat, panels):
+        for name in sorted({e["model"] for e in measured}):
+            for rule in RULES[1:]:
+                points = sorted((e["T"], e["rules"][rule]["wall_ratio"]) for e in measured
+                                if (e["model"], e["H"], e["B"], e["loss"]) == (name, hidden, batch, loss))
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=f"{name} {rule}")
+        ax.axhline(1.0, color="gray", linestyle=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel("wall time / BPTT")
+        ax.set_title(f"H={hidden}, B={batch}, loss {loss}")
+        ax.legend()
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"![wall time / BPTT against T]({path.name})"
+
+
+READING = [
+    "## Reading the numbers",
+    "",
+    "- The online programs run the model's step over a chunk of steps first (forward, one pull-back for the "
+    "learning signal and the one-step gradients, `D` and `Df`), then each rule once per chunk: D-RTRL reads "
+    "and writes its trace once per chunk and does its weight-gradient work as GEMMs over `C·B` rows "
+    "(DESIGN.md §5.9), so at these sizes it costs about what BPTT does while its memory stays flat in T.",
+    "- ES-D-RTRL's traces are small; what it pays is the per-step signal work. BPTT's backward pass has the "
+    "same reverse sweep through the step, so ES-D-RTRL saves BPTT's stored residuals and its per-step "
+    "weight-gradient GEMMs, not the sweep: on small layers (B·H of a few thousand numbers per step) the "
+    "number of kernels per step, not arithmetic, sets the time.",
+    "- With the loss at the last step only, the online rules skip the pull-back at the other steps, but "
+    "the forward pass and `D`, `Df` still run at every step (the traces must advance); BPTT's backward "
+    "pass cannot skip anything.",
+    "- BPTT's temp memory grows linearly with T; the online rules' does not (the memory rows of the targets).",
+]
+
+
+DEMO_JSON = pathlib.Path(__file__).resolve().parent / "results" / "demo.json"
+
+
+def demo_section() -> list[str]:
+    """The demo's table from ``benchmarks/demo.py --json`` (when it has been run)."""
+    if not DEMO_JSON.exists():
+        return ["## The demo", "", "(run `python benchmarks/demo.py --json benchmarks/results/demo.json` first.)"]
+    sys.path.insert(0, str(DEMO_JSON.parents[1]))
+    from demo import table
+
+    saved = json.loads(DEMO_JSON.read_text())
+    return ["## The demo", "",
+            "`etrace-fit train` with its defaults (hybrid: D-RTRL on both weights of the ALIF network, loss at "
+            "the last of 230 steps) against `--algo bptt`, each seed trained from scratch, algos interleaved; "
+            f"`{saved['meta']['command']}` on {saved['meta']['date']}:", "", *table(saved["results"])]
+
+
+def markdown(results, args, command: str, peak_rss: int, figure: str) -> str:
+    lines = [
+        "# Performance: online rules against BPTT",
+        "",
+        "Generated by `benchmarks/speed.py`. For every configuration, one jitted whole-sequence gradient per "
+        "rule (`bptt`, `d_rtrl`, `esd_rtrl`), compiled beforehand, called once to warm up and then "
+        f"{args.repeats} round(s) interleaved in one process; medians of CPU time (`time.process_time`, all "
+        "threads) and wall time (`time.perf_counter`), and ratios rule / BPTT. \"temp\" is XLA's "
+        "`compiled.memory_analysis().temp_size_in_bytes`. Models: GRU = `GRUCell(64, H) → Linear(H, 10)` on "
+        "Gaussian inputs; RLIF = `RecurrentLIF(64, H, tau=10) → Linear(H, 10)` on Bernoulli(0.2) spike inputs; "
+        "float32. "
+        "Loss \"all\": squared error at every step, weight 1/T; \"last\": the last step only (the online rules "
+        "skip the other steps' pull-back via `active`). \"chunk\" is the online program's steps per chunk.",
+        "",
+        f"Machine: {os.cpu_count()} CPUs ({jax.devices()[0].platform}), jax {jax.__version__}, "
+        f"{datetime.date.today().isoformat()}. Peak RSS of the process: {peak_rss / 1024:.0f} MiB. Command:",
+        "",
+        f"    {command}",
+        "",
+        "## Targets",
+        "",
+        "At H = 128, B = 16, T = 200 (wall-time ratio decides; CPU ratio alongside). Machines are shared and "
+        "noisy: compare ratios measured side by side, not absolute times.",
+        "",
+        *targets_table(results),
+        "",
+    ]
+    lines += [figure, "", *READING, "", *demo_section(), ""]
+    for name in sorted({e["model"] for e in results}):
+        lines += [f"## {name}", "", *model_table(results, name), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gru", "rlif"], choices=["gru", "rlif"])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--loss", nargs="+", default=["all", "last"], choices=["all", "last"])
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 5, 3 with --quick)")
+    parser.add_argument("--max-gib", type=float, default=8.0, help="skip configurations estimated above this")
+    parser.add_argument("--quick", action="store_true", help="H=128, B=16, T=200, 3 repeats")
+    parser.add_argument("--write-docs", action="store_true", help="write the Markdown to --out (else stdout)")
+    parser.add_argument("--out", default="docs/performance.md")
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--from-json", help="render the Markdown (and plot) from a --json file instead of measuring")
+    args = parser.parse_args()
+    if args.quick:
+        args.hidden, args.batch, args.lengths = [128], [16], [200]
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    command = shlex.join(["python", "benchmarks/speed.py", *sys.argv[1:]])
+
+    brainstate.environ.set(dt=1.0)
+    grid = [(m, h, b, t, loss) for m in args.models for h in args.hidden for b in args.batch
+            for t in args.lengths for loss in args.loss]
+    log(f"jax {jax.__version__}, {os.cpu_count()} CPUs, {len(grid)} configurations, {args.repeats} rounds each")
+    results = []
+    if args.from_json:
+        saved = json.loads(pathlib.Path(args.from_json).read_text())
+        results, meta = saved["results"], saved["meta"]
+        command, peak_rss, args.repeats = meta["command"], meta["peak_rss_kib"], meta["repeats"]
+    else:
+        for n, (name, hidden, batch, length, loss) in enumerate(grid, 1):
+            log(f"[{n}/{len(grid)}] {name} H={hidden} B={batch} T={length} loss={loss}")
+            results.append(measure(name, hidden, batch, length, loss, args.repeats, args.max_gib * GiB))
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+    figure = "(the plot is written only with `--write-docs`.)"
+    if args.write_docs:
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure = plot(results, out.with_suffix(".png"))
+    text = markdown(results, args, command, peak_rss, figure)
+    if args.write_docs:
+        out.write_text(text + "\n")
+        log(f"wrote {out}")
+    else:
+        print(text)
+    if args.json and not args.from_json:
+        meta = {"command": command, "cpus": os.cpu_count(), "jax": jax.__version__,
+                "date": datetime.date.today().isoformat(), "peak_rss_kib": peak_rss, "repeats": args.repeats}
+        pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
