@@ -25,18 +25,27 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
     weight_positions = module.weight_leaf_positions
     step_fn = _compat.jaxpr_as_fun(module.closed_jaxpr)
 
+    weights_at = set(weight_positions)
+    others_at = [p for p in range(len(module.state_leaves())) if p not in weights_at]
+
     def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False):
         def total(weights):
-            def body(leaves, inputs):
+            def body(others, inputs):  # the weights are closed over, not carried (copied) every step
                 input_leaves, target = inputs
-                leaves = list(leaves)
+                leaves = [None] * len(state_leaves)
                 for n, position in enumerate(weight_positions):
                     leaves[position] = weights[n]
+                for position, value in zip(others_at, others):
+                    leaves[position] = value
                 outs = step_fn(*input_leaves, *leaves)
                 outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
-                return list(outs[num_outputs:]), (step_loss(outputs, target), outputs)
+                return [outs[num_outputs + p] for p in others_at], (step_loss(outputs, target), outputs)
 
-            final, (losses, outputs) = lax.scan(body, list(state_leaves), (list(xs_leaves), targets))
+            others, (losses, outputs) = lax.scan(body, [state_leaves[p] for p in others_at],
+                                                 (list(xs_leaves), targets))
+            final = list(state_leaves)
+            for position, value in zip(others_at, others):
+                final[position] = value
             return losses.sum(), (losses, final, outputs)
 
         grads, (losses, final, outputs) = jax.grad(total, has_aux=True)(list(weight_leaves))

@@ -1,12 +1,14 @@
 """D-RTRL (DESIGN.md §5.1): the diagonal RTRL trace, the size of the weight.
 
-    ε[b,p,k,o,s]^t = Σ_s' D[b,p,o,s,s']^t ε[b,p,k,o,s']^{t-1} + Df[b,p,o,s]^t X[b,p,k]^t
-    ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t + Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,k,o,s]^{t-1}
+    ε[b,p,s,k,o]^t = Σ_s' D[b,p,o,s,s']^t ε[b,p,s',k,o]^{t-1} + Df[b,p,o,s]^t X[b,p,k]^t
+    ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t + Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,s,k,o]^{t-1}
 
 with ``G = ∂L^t/∂h^{t-1}`` and ``dY = ∂L^t/∂y^t`` (DESIGN.md §5.8: the first sum is the
 exact one-step part). Exact (equal to BPTT) for weights into a layer whose only
 recurrence is per unit and whose influence on later losses runs only through its own
-hidden group, whatever the output reads. Memory ``B·P·K·O·S``.
+hidden group, whatever the output reads. Memory ``B·P·K·O·S``, laid out ``(B, P, S, K, O)``
+so the units are the fast axis (a trailing state axis of 2 made every pass over the
+trace several times slower).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class DRTRL:
     name = "d_rtrl"
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> jax.Array:
-        return jnp.zeros((batch, pair.positions, pair.patch, pair.outputs, pair.num_states), dtype)
+        return jnp.zeros((batch, pair.positions, pair.num_states, pair.patch, pair.outputs), dtype)
 
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
         return batch * pair.positions * pair.patch * pair.outputs * pair.num_states * itemsize
@@ -54,9 +56,11 @@ class DRTRL:
         # Σ_r D[..., s, r] · trace[..., r] written out over the few states: XLA fuses
         # these products, where an einsum with a tiny contraction became a slow
         # batched matmul (3.5x slower per step on CPU, B=32, K=41, O=100, S=2).
-        carried = sum(D[:, :, None, :, :, r] * traces[:, :, :, :, None, r] for r in range(traces.shape[-1]))
-        new = (carried + X[:, :, :, None, None] * Df[:, :, None, :, :]).astype(dtype)
-        grad = jnp.einsum("bpos,bpkos->ko", G, traces)
+        states = traces.shape[2]
+        carried = jnp.stack([sum(D[:, :, None, :, s, r] * traces[:, :, r] for r in range(states))
+                             for s in range(states)], axis=2)
+        new = (carried + X[:, :, None, :, None] * jnp.moveaxis(Df, -1, 2)[:, :, :, None, :]).astype(dtype)
+        grad = jnp.einsum("bpos,bpsko->ko", G, traces)
         if dY is not None:  # the one-step part
             grad = grad + jnp.einsum("bpk,bpo->ko", X, dY)
         return grad, new
@@ -72,45 +76,45 @@ class DRTRL:
         from a reverse scan, never a division (a hard reset has ``D = 0``).
         """
         X, D, Df, G, dY = signals
-        shape, dtype, states = traces.shape, traces.dtype, traces.shape[-1]
-        C, rows = X.shape[0], shape[0] * shape[1]  # rows: samples × positions
-        # Views without the singleton axes (free reshapes): a (B, 1, K, O, 1) trace made
-        # XLA transpose all of it.
-        X = X.reshape(C, rows, X.shape[-1])
-        D, Df, G = (v.reshape(C, rows, *v.shape[3:]) for v in (D, Df, G))
-        eye = jnp.broadcast_to(jnp.eye(states, dtype=D.dtype), D.shape[1:])
-        shifted_G = jnp.concatenate([G[1:], jnp.zeros_like(G[:1])])
-        shifted_D = jnp.concatenate([D[1:], eye[None]])
+        shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
+        C, rows, K, O = X.shape[0], shape[0] * shape[1], shape[3], shape[4]  # rows: samples × positions
+        S = range(states)
+        # Everything per state as (C, rows, O) slabs (free views for S = 1): a trailing
+        # state axis of 2 or a (B, 1, K, O, 1) layout made XLA's passes several times
+        # slower. Per-unit S×S matrices are nested lists of slabs.
+        X = X.reshape(C, rows, K)
+        D = [[D[..., s, r].reshape(C, rows, O) for r in S] for s in S]
+        Df, G = ([v[..., s].reshape(C, rows, O) for s in S] for v in (Df, G))
+        one, zero = jnp.ones((1, rows, O), D[0][0].dtype), jnp.zeros((1, rows, O), D[0][0].dtype)
+        shifted_G = [jnp.concatenate([g[1:], zero]) for g in G]
+        shifted_D = [[jnp.concatenate([D[s][r][1:], one if s == r else zero]) for r in S] for s in S]
 
         def back(carry, inputs):
             lam, suffix = carry  # λ_{r+1} and D_C⋯D_{r+2}
             G_next, D_next, Df_r = inputs
-            lam = G_next + _transpose_apply(D_next, lam)
-            suffix = _matmul(suffix, D_next)  # D_C⋯D_{r+1}
-            return (lam, suffix), (lam, _apply(suffix, Df_r))
+            lam = [G_next[j] + sum(D_next[i][j] * lam[i] for i in S) for j in S]  # G + Dᵀ λ
+            suffix = [[sum(suffix[i][m] * D_next[m][j] for m in S) for j in S] for i in S]  # D_C⋯D_{r+1}
+            return (lam, suffix), (lam, [sum(suffix[i][m] * Df_r[m] for m in S) for i in S])
 
-        (lam_1, suffix_1), (lam, reach) = lax.scan(back, (jnp.zeros_like(G[0]), eye), (shifted_G, shifted_D, Df),
-                                                    reverse=True)
-        mu = G[0] + _transpose_apply(D[0], lam_1)  # (rows, O, S)
-        decay = _matmul(suffix_1, D[0])  # D_C⋯D_1
-        signal = (Df * lam).sum(axis=-1)
+        identity = [[(one if i == j else zero)[0] for j in S] for i in S]
+        (lam_1, suffix_1), (lam, reach) = lax.scan(back, ([zero[0]] * states, identity),
+                                                    (shifted_G, shifted_D, Df), reverse=True)
+        mu = [G[j][0] + sum(D[i][j][0] * lam_1[i] for i in S) for j in S]  # (rows, O) per state
+        decay = [[sum(suffix_1[i][m] * D[m][j][0] for m in S) for j in S] for i in S]  # D_C⋯D_1
+        signal = sum(Df[s] * lam[s] for s in S)
         if dY is not None:  # the one-step part, in the same GEMM
-            signal = signal + dY.reshape(C, rows, -1)
+            signal = signal + dY.reshape(C, rows, O)
         grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
-        E = traces.reshape(rows, *shape[2:4]) if states == 1 else traces.reshape(rows, *shape[2:])
-        reach = reach.astype(X.dtype)
-        if states == 1:
-            mu, decay, reach = mu[..., 0], decay[..., 0, 0], reach[..., 0]
-            # Σ_n μ[n] ⊙ E[n] as a loop over rows: a reduce over the leading axis of the
-            # trace ran ~9x slower on CPU.
-            history = lax.fori_loop(0, rows, lambda n, acc: acc + mu[n][None, :] * E[n],
-                                    jnp.zeros(E.shape[1:], E.dtype))
-            new = decay[:, None, :] * E + jnp.einsum("cnk,cno->nko", X, reach)
-        else:
-            history = lax.fori_loop(0, rows, lambda n, acc: acc + (mu[n][None] * E[n]).sum(axis=-1),
-                                    jnp.zeros(E.shape[1:3], E.dtype))
-            carried = sum(decay[:, None, :, :, r] * E[..., None, r] for r in range(states))
-            new = carried + jnp.einsum("cnk,cnos->nkos", X, reach)
+        E = traces.reshape(rows, states, K, O)
+        E = [E[:, s] for s in S]
+        # Σ_n μ[n] ⊙ E[n] as a loop over rows: a reduce over the leading axis of the
+        # trace ran ~9x slower on CPU.
+        history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
+                                jnp.zeros((K, O), dtype))
+        # Per state: the trace carried by Π D, plus one (K×C)(C×O) GEMM per row.
+        new = [sum(decay[s][r][:, None, :] * E[r] for r in S) + jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype))
+               for s in S]
+        new = new[0][:, None] if states == 1 else jnp.stack(new, axis=1)
         return grad + history.astype(grad.dtype), new.reshape(shape).astype(dtype)
 
     def trace_norm(self, traces: jax.Array, t: jax.Array) -> jax.Array:

@@ -106,7 +106,7 @@ def test_d_rtrl_trace_shapes_and_bytes():
     assert (pair.positions, pair.patch, pair.outputs, pair.num_states) == (1, I + 1, N, 2)
     assert plan.trace_bytes() == (B * 1 * (I + 1) * N * 2 * 4,)
     trace = plan.rules[0].init_traces(pair, B, jnp.float32)
-    assert trace.shape == (B, 1, I + 1, N, 2) and float(jnp.abs(trace).sum()) == 0.0
+    assert trace.shape == (B, 1, 2, I + 1, N) and float(jnp.abs(trace).sum()) == 0.0  # units on the fast axis
 
     conv = Case(MODELS['conv1d_lif'][0], (4, B, LC, 2), (4, B, O), 32)
     with conv.env():

@@ -50,3 +50,12 @@ def test_demo_script_compares_the_algos(tmp_path):
 
     saved = json.loads(out.read_text())
     assert set(saved["results"]) == {"hybrid", "bptt"} and 0.0 <= saved["results"]["hybrid"][0]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_trainer_overhead_script_runs():
+    args = ["benchmarks/trainer_overhead.py", "--length", "5", "--batches", "2", "--rounds", "1"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| fit / bare |" in result.stdout
