@@ -55,7 +55,8 @@ class OnlineProgram:
     -> (weight grads, losses, final state leaves[, Collected])``: ``weight_leaves`` in
     ``module.weights`` leaf order, ``state_leaves`` all states' leaves (the weights'
     among them are ignored), ``xs`` time-major; ``active`` an optional ``(T,)`` bool:
-    ``False`` where the step's loss is known to be zero (its pull-back is skipped).
+    ``False`` where the step's loss is known to be zero (its pull-back is skipped), or
+    ``"last"``: only the last step has a loss (skipped without a per-step branch).
     ``pairs`` names what the trace norms belong to; ``chunk_for(T)`` is the steps per
     chunk of a sequence of length ``T``.
     """
@@ -226,8 +227,10 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                      [jnp.zeros_like(y) for y in y_zeros])
             return loss, aux, zeros
 
-        if active is None:
+        if active is None or active is True:
             loss, aux, grads = with_pullback()
+        elif active is False:  # known statically: no branch in the program
+            loss, aux, grads = without_pullback()
         else:
             loss, aux, grads = lax.cond(active, with_pullback, without_pullback)
         new_others, captured_values, outputs = aux
@@ -337,14 +340,16 @@ def build_online(
         mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
         return [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
 
-    def run_chunk(weights, carry, inputs, collect):
+    def run_chunk(weights, carry, inputs, collect, pullback=None):
         """``C`` steps (``C`` = the inputs' leading axis): the step program over the
-        chunk, then every rule once over the stacked signals."""
+        chunk, then every rule once over the stacked signals. ``pullback``: a static
+        True / False for every step of the chunk, else the inputs' per-step flags."""
         others, traces, weight_acc, pair_acc, t = carry
 
         def step(carry, inputs_t):
             others, weight_acc = carry
             input_leaves, target, active = inputs_t
+            active = active if pullback is None else pullback
             loss, outputs, others, weight_grads, signals = program.signals(weights, others, input_leaves, target,
                                                                            active)
             weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
@@ -359,7 +364,7 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 
-    def run_steps(weights, carry, inputs, size, collect):
+    def run_steps(weights, carry, inputs, size, collect, pullback=None):
         """All steps of ``inputs`` (leading axis T): full chunks of ``size`` in a scan,
         then the remainder as one shorter chunk."""
         length = jax.tree.leaves(inputs)[0].shape[0]
@@ -367,10 +372,11 @@ def build_online(
         pieces = []
         if full:  # each chunk sliced from the inputs in place (a reshaped prefix would be a copy)
             carry, (losses, outputs) = lax.scan(
-                lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect), carry, jnp.arange(full))
+                lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect, pullback), carry,
+                jnp.arange(full))
             pieces.append(jax.tree.map(lambda v: v.reshape(full * size, *v.shape[2:]), (losses, outputs)))
         if tail:
-            carry, out = run_chunk(weights, carry, _slice(inputs, full * size, tail), collect)
+            carry, out = run_chunk(weights, carry, _slice(inputs, full * size, tail), collect, pullback)
             pieces.append(out)
         if len(pieces) == 1:
             return carry, pieces[0]
@@ -384,6 +390,10 @@ def build_online(
 
     def sequence_inputs(xs_leaves, targets, active):
         length = jax.tree.leaves(xs_leaves)[0].shape[0]
+        if isinstance(active, str):
+            if active != "last":
+                raise ValueError(f"active must be None, 'last' or a (T,) bool array, got {active!r}")
+            active = jnp.arange(length) == length - 1
         active = None if active is None else jnp.asarray(active, bool).reshape(length)
         return (list(xs_leaves), targets, active), length
 
@@ -396,8 +406,18 @@ def build_online(
         inputs, length = sequence_inputs(xs_leaves, targets, active)
         carry = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights),
                  jnp.zeros((), jnp.int32))
-        (others, traces, weight_acc, pair_acc, t), (losses, outputs) = run_steps(weights, carry, inputs,
-                                                                                  size_for(length), collect)
+        size = size_for(length)
+        if isinstance(active, str) and length > size:
+            # "last": every chunk but the final one without pull-back and without a
+            # per-step branch; the final chunk reads the flags (two chunk bodies to compile).
+            final = length % size or size
+            carry, head = run_steps(weights, carry, _slice(inputs, 0, length - final), size, collect,
+                                    pullback=False)
+            carry, last = run_chunk(weights, carry, _slice(inputs, length - final, final), collect)
+            out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), head, last)
+        else:
+            carry, out = run_steps(weights, carry, inputs, size, collect)
+        (others, traces, weight_acc, pair_acc, t), (losses, outputs) = carry, out
         grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
                                  [x[0] for x in xs_leaves])
         final = program.assemble(weights, others)

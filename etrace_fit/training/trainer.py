@@ -375,7 +375,9 @@ class Trainer:
 
         def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight):
             weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
-            options = {"active": jnp.any(weight != 0, axis=1)} if skips else {}
+            options = {}
+            if skips:  # "last" is known statically: no per-step branch in the program
+                options["active"] = "last" if self.loss_on == "last" else jnp.any(weight != 0, axis=1)
             if every is None:
                 grad_leaves, losses, final, collected = program.run(weights, state_leaves, xs_leaves, (ys, weight),
                                                                     collect=True, **options)

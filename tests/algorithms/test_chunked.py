@@ -160,8 +160,9 @@ def test_update_every_with_chunks_equals_per_step(every):
 
 def test_inactive_steps_skip_only_zero_loss_steps():
     """``active`` marks steps whose loss weight is zero: skipping their pull-back gives
-    the gradient of the weighted loss exactly, with the loss at the last step only and
-    with a mask."""
+    the gradient of the weighted loss exactly, with the loss at the last step only (as
+    a flag array and as the static ``"last"``, also for ``run_with_updates``) and with
+    a mask."""
     def weighted(out, target):
         y, w = target
         return w * mse(out, y)
@@ -169,9 +170,10 @@ def test_inactive_steps_skip_only_zero_loss_steps():
     case = Case(MODELS["alif"][0], MODELS["alif"][1], (T, B, O), 64)
     mask = np.zeros(T, bool)
     mask[[0, 6, 7, 13, 29]] = True
-    for active in (np.arange(T) == T - 1, mask):
+    last = np.arange(T) == T - 1
+    for active, flags in ((last, last), ("last", last), (mask, mask)):
         with case.env(), warnings.catch_warnings():
-            targets = (case.ys, jnp.asarray(active, case.ys.dtype))
+            targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
             warnings.simplefilter("ignore", ef.ApproximationWarning)
             brainstate.nn.reset_all_states(case.model, batch_size=B)
             graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, weighted, algo="d_rtrl")
@@ -180,7 +182,12 @@ def test_inactive_steps_skip_only_zero_loss_steps():
             weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
             args = (weights, module.state_leaves(), [case.xs], targets)
             full, full_losses, _ = jax.jit(program.run)(*args)
-            skipped, losses, _ = jax.jit(lambda *a: program.run(*a, active=jnp.asarray(active)))(*args)
+            flag = active if isinstance(active, str) else jnp.asarray(active)
+            skipped, losses, _ = jax.jit(lambda *a: program.run(*a, active=flag))(*args)
+            sgd = optax.sgd(0.1)
+            with_flags = jax.jit(lambda *a: program.run_with_updates(*a, sgd, sgd.init(weights), 4, active=flag))(
+                *args)[0]
+            without = jax.jit(lambda *a: program.run_with_updates(*a, sgd, sgd.init(weights), 4))(*args)[0]
             brainstate.nn.reset_all_states(case.model, batch_size=B)
             ref, _ = reference_bptt(case.model, case.xs, targets, weighted, B)
         np.testing.assert_allclose(np.asarray(losses), np.asarray(full_losses), rtol=1e-12)
@@ -188,3 +195,5 @@ def test_inactive_steps_skip_only_zero_loss_steps():
         for g, f, r in zip(skipped, full, ref_leaves):
             np.testing.assert_allclose(np.asarray(g), np.asarray(f), rtol=1e-10, atol=1e-14)
             assert float(np.max(np.abs(np.asarray(g) - r))) <= 1e-8 * float(np.max(np.abs(r)))
+        for a, b in zip(with_flags, without):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-14)
