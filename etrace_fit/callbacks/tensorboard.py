@@ -89,7 +89,10 @@ class TensorBoard(Callback):
             name = path if isinstance(path, str) else ".".join(str(p) for p in path)
             leaves = value.items() if isinstance(value, dict) else [("", value)]
             for leaf, array in leaves:
-                self._writer.add_histogram(f"{prefix}/{name}{'/' + leaf if leaf else ''}", np.asarray(array), epoch)
+                values = np.asarray(array, np.float64).ravel()
+                values = values[np.isfinite(values)]  # a histogram of inf / NaN is an error in tensorboardX
+                if values.size:
+                    self._writer.add_histogram(f"{prefix}/{name}{'/' + leaf if leaf else ''}", values, epoch)
 
     def _histograms(self, epoch: int) -> None:
         trainer = self.trainer

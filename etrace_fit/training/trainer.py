@@ -394,7 +394,10 @@ class Trainer:
                 new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
                 grads = None
             loss, logs, norms = collected_logs(losses, collected, ys, weight)
-            finite = jnp.isfinite(loss)
+            # An update is applied only when the loss and what it is made from are finite:
+            # an overflowing trace gives a NaN gradient under a finite loss.
+            made_from = jax.tree.leaves(grads if grads is not None else new_values)
+            finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
             keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
             new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
             return new_values, new_opt_state, final, grads, loss, logs, norms, finite
@@ -424,9 +427,10 @@ class Trainer:
         skipped = sum(not bool(finite) for *_, finite in records)
         if skipped:
             self.skipped_batches += skipped
-            warnings.warn(f"epoch {epoch + 1}: {skipped} of {len(records)} batches had a non-finite loss; their "
-                          "updates were not applied (lower the learning rate, set grad_clip, or add TerminateOnNaN to "
-                          "stop)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"epoch {epoch + 1}: {skipped} of {len(records)} batches had a non-finite loss or "
+                          "gradient; their updates were not applied (lower the learning rate, set grad_clip, use "
+                          "trace_dtype float64 if eligibility traces overflow, or add TerminateOnNaN to stop)",
+                          RuntimeWarning, stacklevel=3)
         return logs
 
     def _train_batch(self, params, xs, ys, weight):

@@ -344,10 +344,10 @@ def test_training_online_is_close_to_bptt():
     """GRU(1, 16) → Linear on a filtered-input task, B = 8, T = 20, 200 Adam steps.
 
     Measured (seed 0) summed eval loss before the previous-state signal: initial 30.78;
-    BPTT 0.0803; D-RTRL 0.1096 (1.36x BPTT); hybrid 0.2506 (3.12x: at H = 16, B = 8 it
-    picks ES-D-RTRL for every gate — GRU gates are approximate under D-RTRL too, so the
-    default budget does not move them). Asserted: D-RTRL ≤ 2x BPTT, hybrid ≤ 5x BPTT,
-    every method below 0.05x its initial loss.
+    BPTT 0.0803; D-RTRL 0.1096 (1.36x BPTT); hybrid then 0.2506 (ES-D-RTRL for every
+    gate). Since the per-sample budget, hybrid puts every gate on D-RTRL (its traces
+    fit 4 MiB per sample) and trains as D-RTRL does. Asserted: D-RTRL and hybrid ≤ 2x
+    BPTT, every method below 0.05x its initial loss.
     """
     initial, bptt_final, _ = _train("bptt")
     results = {method: _train(method) for method in ("d_rtrl", "hybrid")}
@@ -356,6 +356,6 @@ def test_training_online_is_close_to_bptt():
         assert start == pytest.approx(initial)  # same initial model
         assert final < 0.05 * initial, (method, final, initial)
     assert results["d_rtrl"][1] <= 2.0 * bptt_final, (results["d_rtrl"][1], bptt_final)
-    assert results["hybrid"][1] <= 5.0 * bptt_final, (results["hybrid"][1], bptt_final)
-    assert {rule.name for rule in results["hybrid"][2].rules} == {"esd_rtrl"}
+    assert results["hybrid"][1] <= 2.0 * bptt_final, (results["hybrid"][1], bptt_final)
+    assert {rule.name for rule in results["hybrid"][2].rules} == {"d_rtrl"}
     assert {rule.name for rule in results["d_rtrl"][2].rules} == {"d_rtrl"}

@@ -192,7 +192,7 @@ def test_a_batch_with_a_non_finite_loss_is_not_applied_and_is_reported(update_ev
                          update_every=update_every)
     before = {p: np.asarray(s.value["weight"]) for p, s in trainer.model.states(brainstate.ParamState).items()
               if isinstance(s.value, dict)}
-    with pytest.warns(RuntimeWarning, match=r"epoch 1: 1 of 3 batches had a non-finite loss; their updates were not"):
+    with pytest.warns(RuntimeWarning, match=r"epoch 1: 1 of 3 batches had a non-finite loss or gradient; their upd"):
         history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert trainer.skipped_batches == 1
     assert np.isnan(history.history["loss"][0])  # the epoch's mean says so too
@@ -245,3 +245,31 @@ def test_device_memory_is_known():
     from etrace_fit.training.trainer import device_memory
 
     assert device_memory() > 2**20
+
+
+def test_a_non_finite_gradient_under_a_finite_loss_is_not_applied():
+    """An overflowing eligibility trace gives NaN gradients while the loss is finite: the
+    update is not applied either (the weights stay finite) and the epoch warns."""
+    x, y = _data(16)
+    trainer = ef.Trainer(_model(), algo="d_rtrl", optimizer=optax.sgd(0.05))
+    real = trainer._build_step
+
+    def poisoned(compiled):  # the program's gradient is NaN for one weight leaf
+        program = compiled.program
+        run = program.run
+
+        def nan_run(*args, **kwargs):
+            grads, *rest = run(*args, **kwargs)
+            return ([g * jnp.nan if n == 0 else g for n, g in enumerate(grads)], *rest)
+
+        import dataclasses
+        patched = dataclasses.replace(compiled, program=dataclasses.replace(program, run=nan_run))
+        return real(patched)
+
+    trainer._build_step = poisoned
+    before = [np.asarray(leaf) for leaf in jax.tree.leaves(trainer.model.states(brainstate.ParamState).to_dict_values())]
+    with pytest.warns(RuntimeWarning, match="non-finite loss or gradient"):
+        history = trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and trainer.skipped_batches == 2
+    after = [np.asarray(leaf) for leaf in jax.tree.leaves(trainer.model.states(brainstate.ParamState).to_dict_values())]
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))
