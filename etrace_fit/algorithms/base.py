@@ -54,7 +54,10 @@ class Rule(Protocol):
     itemsize)`` says how much memory the traces take; ``trace_norm(traces, t)`` is the
     Frobenius norm per sample ``(B,)`` of the eligibility trace the rule stands for
     (what ``G`` is contracted with), for dashboards. ``t`` counts steps since the last
-    reset (0 at the first step).
+    reset (0 at the first step). Optionally ``chunk(traces, signals, t0)``: the same
+    over a chunk of steps, each signal with a leading time axis ``C``, returning the
+    chunk's summed gradient and the traces after it (``online.run_rule_chunk`` scans
+    ``step`` for a rule without one).
     """
 
     name: str

@@ -87,12 +87,7 @@ class StepProgram:
 
     def assemble(self, weights, others) -> list:
         """All state leaves in module order from the weight and the other leaves."""
-        leaves = [None] * (len(self.weight_positions) + len(self.other_positions))
-        for position, value in zip(self.weight_positions, weights):
-            leaves[position] = value
-        for position, value in zip(self.other_positions, others):
-            leaves[position] = value
-        return leaves
+        return _assemble(self.weight_positions, self.other_positions, weights, others)
 
     def others(self, state_leaves) -> list:
         return [state_leaves[p] for p in self.other_positions]
@@ -127,12 +122,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     y_avals = [eqns[i].outvars[0].aval for i in fused]
 
     def assemble(weights, others):
-        leaves = [None] * num_leaves
-        for position, value in zip(weight_positions, weights):
-            leaves[position] = value
-        for position, value in zip(other_positions, others):
-            leaves[position] = value
-        return leaves
+        return _assemble(weight_positions, other_positions, weights, others)
 
     def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target):
         """One step as a function of the weights, the previous hidden values and a
@@ -468,6 +458,16 @@ def build_online(
         return weights, opt_state, losses, final
 
     return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk_for=size_for)
+
+
+def _assemble(weight_positions, other_positions, weights, others) -> list:
+    """State leaves in module order from the weight leaves and the other leaves."""
+    leaves = [None] * (len(weight_positions) + len(other_positions))
+    for position, value in zip(weight_positions, weights):
+        leaves[position] = value
+    for position, value in zip(other_positions, others):
+        leaves[position] = value
+    return leaves
 
 
 def _slice(tree: Any, start: Any, size: int) -> Any:
