@@ -283,7 +283,7 @@ READING = [
     "- The online programs run the model's step over a chunk of steps first (forward, one pull-back for the "
     "learning signal and the one-step gradients, `D` and `Df`), then each rule once per chunk: D-RTRL reads "
     "and writes its trace once per chunk and does its weight-gradient work as GEMMs over `C·B` rows "
-    "(DESIGN.md §5.9), so at these sizes it costs about what BPTT does while its memory stays flat in T.",
+    "(docs/theory.md §5.9), so at these sizes it costs about what BPTT does while its memory stays flat in T.",
     "- ES-D-RTRL's traces are small; what it pays is the per-step signal work. BPTT's backward pass has the "
     "same reverse sweep through the step, so ES-D-RTRL saves BPTT's stored residuals and its per-step "
     "weight-gradient GEMMs, not the sweep: on small layers (B·H of a few thousand numbers per step) the "

@@ -2,10 +2,13 @@
 
 Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 :mod:`etrace_fit.ops`, the compiler that analyses a model's step in
-:mod:`etrace_fit.compiler` (:func:`compile_graph`), errors in :mod:`etrace_fit.errors`.
+:mod:`etrace_fit.compiler` (:func:`compile_graph`), the online rules in
+:mod:`etrace_fit.algorithms` (:func:`compile`), the Keras-style :class:`Trainer` in
+:mod:`etrace_fit.training` with :mod:`etrace_fit.callbacks`, built-in tasks in
+:mod:`etrace_fit.datasets`, errors in :mod:`etrace_fit.errors`.
 """
 
-from . import algorithms, compiler, errors, layers, ops
+from . import algorithms, callbacks, compiler, datasets, errors, layers, ops, training
 from .algorithms import Learner, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import ApproximationWarning, CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
@@ -28,13 +31,16 @@ __all__ = [
     "Trainer",
     "__version__",
     "algorithms",
+    "callbacks",
     "compile",
     "compile_graph",
     "compiler",
+    "datasets",
     "errors",
     "gradient_fidelity",
     "layers",
     "online_fit",
     "ops",
     "sequence_grad",
+    "training",
 ]

@@ -10,7 +10,7 @@ import etrace_fit
 PACKAGE = pathlib.Path(etrace_fit.__file__).parent
 JAX_INTERNALS = ("jax._src", "jax.interpreters", "jax.extend", "jax.core", "jaxlib")
 # ops -> compiler -> algorithms -> training: a module may import only from its own
-# layer or those before it (DESIGN.md §8, STYLE.md).
+# layer or those before it (docs/design.md).
 ORDER = ["_compat", "errors", "ops", "layers", "datasets", "compiler", "algorithms", "callbacks", "training", "cli",
          "__main__"]
 

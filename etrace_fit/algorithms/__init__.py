@@ -1,4 +1,4 @@
-"""Online learning rules (DESIGN.md §5): D-RTRL, ES-D-RTRL, hybrid, and BPTT.
+"""Online learning rules (docs/theory.md §5): D-RTRL, ES-D-RTRL, hybrid, and BPTT.
 
 ``sequence_grad(model, xs, targets, step_loss, algo=...)`` is the entry point. A rule is
 a small object with ``init_traces`` and ``step`` over a canonical form of the signals

@@ -8,7 +8,7 @@ one canonical form so a rule is written once:
                         with a column of ones appended when the op has a bias
     D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1}
     Df (B, P, O, S)     ∂h^t/∂y^t per unit
-    G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (DESIGN.md §5.8)
+    G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (docs/theory.md §5.8)
     dY (B, P, O)        ∂L^t/∂y^t, the op output's gradient over every path of step t
                         (dense and conv pairs; None for elementwise ones and for a
                         relation's second pair)

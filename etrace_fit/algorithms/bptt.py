@@ -1,4 +1,4 @@
-"""BPTT (DESIGN.md §5.5): ``jax.grad`` of the summed loss over a ``lax.scan`` of the step.
+"""BPTT (docs/theory.md §5.5): ``jax.grad`` of the summed loss over a ``lax.scan`` of the step.
 
 The reference the online rules are compared with, and the benchmark baseline. Memory
 grows with the sequence length (every step's residuals are kept for the backward pass).

@@ -1,9 +1,9 @@
-"""D-RTRL (DESIGN.md §5.1): the diagonal RTRL trace, the size of the weight.
+"""D-RTRL (docs/theory.md §5.1): the diagonal RTRL trace, the size of the weight.
 
     ε[b,p,s,k,o]^t = Σ_s' D[b,p,o,s,s']^t ε[b,p,s',k,o]^{t-1} + Df[b,p,o,s]^t X[b,p,k]^t
     ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t + Σ_{b,p,s} G[b,p,o,s]^t ε[b,p,s,k,o]^{t-1}
 
-with ``G = ∂L^t/∂h^{t-1}`` and ``dY = ∂L^t/∂y^t`` (DESIGN.md §5.8: the first sum is the
+with ``G = ∂L^t/∂h^{t-1}`` and ``dY = ∂L^t/∂y^t`` (docs/theory.md §5.8: the first sum is the
 exact one-step part). Exact (equal to BPTT) for weights into a layer whose only
 recurrence is per unit and whose influence on later losses runs only through its own
 hidden group, whatever the output reads. Memory ``B·P·K·O·S``, laid out ``(B, P, S, K, O)``
@@ -66,7 +66,7 @@ class DRTRL:
         return grad, new
 
     def chunk(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The same over ``C`` steps at once (DESIGN.md §5.9), exactly: the trace is read
+        """The same over ``C`` steps at once (docs/theory.md §5.9), exactly: the trace is read
         and written once, the in-chunk part is one GEMM over ``C·B·P`` rows.
 
         With ``E_0`` the trace before the chunk and step ``r`` = 1..C,

@@ -1,11 +1,11 @@
-"""ES-D-RTRL (DESIGN.md §5.2): exponentially smoothed, factorised traces.
+"""ES-D-RTRL (docs/theory.md §5.2): exponentially smoothed, factorised traces.
 
     ε_x^t = α ε_x^{t-1} + X^t
     ε_f^t = D^t ε_f^{t-1} + (1 − α) Df^t          (D over the state axis)
     ∂L^t/∂W[k,o] ≈ Σ_{b,p} X[b,p,k]^t dY[b,p,o]^t
                    + Σ_{b,p} ε_x[b,p,k]^{t-1} Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^{t-1} / (1 − α^t)
 
-with ``G = ∂L^t/∂h^{t-1}``, ``dY = ∂L^t/∂y^t`` (DESIGN.md §5.8): the first sum is the exact
+with ``G = ∂L^t/∂h^{t-1}``, ``dY = ∂L^t/∂y^t`` (docs/theory.md §5.8): the first sum is the exact
 one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
 and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
 """

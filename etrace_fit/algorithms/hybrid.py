@@ -1,4 +1,4 @@
-"""Hybrid (DESIGN.md §5.3): choose a rule per traced pair, and report the choice.
+"""Hybrid (docs/theory.md §5.3): choose a rule per traced pair, and report the choice.
 
 Elementwise relations get D-RTRL (their trace is as small as the weight). Dense and conv
 relations get D-RTRL wherever its trace fits the memory budget and ES-D-RTRL beyond it:

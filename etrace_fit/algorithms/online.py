@@ -1,4 +1,4 @@
-"""The online program (DESIGN.md §5.6–5.9): the step's signals, chunked, fed to the rules.
+"""The online program (docs/theory.md §5.6–5.9): the step's signals, chunked, fed to the rules.
 
 At every step (§5.8) the *step program* runs the step forward as a function of the
 weights and the previous hidden values ``h^{t-1}``; one pull-back of the step loss gives
@@ -205,7 +205,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             loss, pullback, aux = jax.vjp(
                 lambda w, h, p: forward(w, h, p, others, input_leaves, target), weights, hidden_prev, y_zeros,
                 has_aux=True)
-            # One pull-back with h^{t-1} as an input (DESIGN.md §5.8): the exact one-step
+            # One pull-back with h^{t-1} as an input (docs/theory.md §5.8): the exact one-step
             # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the
             # rule turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1}.
             weight_grads, hidden_signals, output_grads = pullback(jnp.ones_like(loss))

@@ -39,21 +39,21 @@ class BackupAndRestore(Callback):
             if not os.path.exists(path):
                 continue
             try:
-                manifest = self.trainer.restore(path)
+                manifest = self.model.restore(path)
             except CheckpointError as error:
                 warnings.warn(f"BackupAndRestore: the {label} backup is unusable ({error}); trying an older one")
                 continue
-            self.trainer.resume_epoch = manifest["epoch"] + 1
+            self.model.resume_epoch = manifest["epoch"] + 1
             return
 
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.backup_dir, exist_ok=True)
         if os.path.exists(self.latest):
             os.replace(self.latest, self.previous)
-        self.trainer.save(self.latest)
+        self.model.save(self.latest)
 
     def on_train_end(self, logs=None):
-        if self.delete_on_finish and not self.trainer.stop_training:
+        if self.delete_on_finish and not self.model.stop_training:
             for path in (self.latest, self.previous):
                 if os.path.exists(path):
                     os.remove(path)

@@ -1,7 +1,10 @@
 """``Callback`` and ``CallbackList``: Keras' hook names and signatures.
 
-A callback sees the trainer's public surface only (``trainer.model``,
-``trainer.stop_training``, ``trainer.get_weights()`` / ``set_weights()``). ``logs`` is a
+As in Keras, a callback's ``self.model`` is what ``fit`` was called on — here the
+:class:`~etrace_fit.Trainer` (``self.model.stop_training``, ``self.model.get_weights()``,
+``self.model.model`` for the ``brainstate`` module) — and ``self.params`` holds
+``{"verbose", "epochs", "steps"}`` of the current ``fit``. (``self.trainer``, the name
+before 0.3, still works for one release with a ``DeprecationWarning``.) ``logs`` is a
 plain dict (``loss``, metrics, ``val_*``) — except a training batch's, which is a
 :class:`BatchLogs` mapping: reading a value waits for that batch to finish, so a
 callback that does not read every batch's logs lets the device run ahead.
@@ -60,10 +63,33 @@ class Callback:
                 print(epoch, logs["loss"])
     """
 
-    trainer: Any = None
+    model: Any = None
+    params: dict = {}
+
+    def set_model(self, model: Any) -> None:
+        """Called by ``fit`` with the :class:`~etrace_fit.Trainer` (Keras' name)."""
+        self.model = model
+
+    def set_params(self, params: dict) -> None:
+        """Called by ``fit`` with ``{"verbose", "epochs", "steps"}``."""
+        self.params = dict(params)
+
+    @property
+    def trainer(self) -> Any:
+        """Deprecated alias of :attr:`model` (removed in 0.4)."""
+        import warnings
+
+        warnings.warn("Callback.trainer is deprecated and will be removed in 0.4; use self.model (the Trainer, "
+                      "as in Keras)", DeprecationWarning, stacklevel=2)
+        return self.model
 
     def set_trainer(self, trainer: Any) -> None:
-        self.trainer = trainer
+        """Deprecated alias of :meth:`set_model` (removed in 0.4)."""
+        import warnings
+
+        warnings.warn("Callback.set_trainer is deprecated and will be removed in 0.4; use set_model",
+                      DeprecationWarning, stacklevel=2)
+        self.set_model(trainer)
 
     def on_train_begin(self, logs=None): ...
     def on_train_end(self, logs=None): ...
@@ -91,13 +117,19 @@ class Callback:
 class CallbackList:
     """Calls each hook on every callback, in order."""
 
-    def __init__(self, callbacks: Iterable[Callback] | None = None, trainer: Any = None):
+    def __init__(self, callbacks: Iterable[Callback] | None = None, model: Any = None, params: dict | None = None):
         self.callbacks = list(callbacks or [])
-        for callback in self.callbacks:
+        for position, callback in enumerate(self.callbacks):
             if not isinstance(callback, Callback):
-                raise TypeError(f"callbacks must be Callback instances, got {type(callback).__name__}")
-            if trainer is not None:
-                callback.set_trainer(trainer)
+                from ..errors import ConfigError
+
+                raise ConfigError(f"callbacks[{position}] must be an etrace_fit.callbacks.Callback instance, got "
+                                  f"{type(callback).__name__}; subclass Callback or wrap a function in "
+                                  f"LambdaCallback")
+            if model is not None:
+                callback.set_model(model)
+            if params is not None:
+                callback.set_params(params)
 
     def __iter__(self):
         return iter(self.callbacks)

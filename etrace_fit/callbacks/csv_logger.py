@@ -14,7 +14,7 @@ class CSVLogger(Callback):
     """Writes ``epoch`` and the epoch's logs to a CSV file, one row per epoch.
 
     Args:
-        filename: the CSV file.
+        filename: the CSV file (its folder is created).
         separator: the field separator.
         append: append to an existing file (resumed runs) instead of overwriting it.
 
@@ -28,6 +28,9 @@ class CSVLogger(Callback):
         self._keys: list[str] | None = None
 
     def on_train_begin(self, logs=None):
+        folder = os.path.dirname(self.filename)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
         if not self.append and os.path.exists(self.filename):
             os.remove(self.filename)
         self._keys = None

@@ -42,16 +42,16 @@ class EarlyStopping(MonitoredCallback):
         if self._monitor.improves(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0
             if self.restore_best_weights:
-                self.best_weights = self.trainer.get_weights()
+                self.best_weights = self.model.get_weights()
             return
         self.wait += 1
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = epoch
-            self.trainer.stop_training = True
+            self.model.stop_training = True
 
     def on_train_end(self, logs=None):
         if self.restore_best_weights and self.best_weights is not None:
-            self.trainer.set_weights(self.best_weights)
+            self.model.set_weights(self.best_weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "wait": self.wait, "best_epoch": self.best_epoch, "stopped_epoch": self.stopped_epoch}

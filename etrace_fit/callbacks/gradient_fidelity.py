@@ -41,10 +41,10 @@ class GradientFidelity(Callback):
         if (epoch + 1) % self.every_n_epochs:
             return
         measured = {}
-        for path, fidelity in self.trainer.gradient_fidelity(self.x, self.y, self.mask).items():
+        for path, fidelity in self.model.gradient_fidelity(self.x, self.y, self.mask).items():
             measured[f"fidelity_cosine/{path}"] = fidelity.cosine
             measured[f"fidelity_norm_ratio/{path}"] = fidelity.norm_ratio
         if logs is not None:
             logs.update(measured)
         for key, value in measured.items():
-            self.trainer.history.history.setdefault(key, []).append(float(value))
+            self.model.history.history.setdefault(key, []).append(float(value))

@@ -25,7 +25,7 @@ class LearningRateScheduler(Callback):
         self.schedule, self.verbose = schedule, verbose
 
     def on_epoch_begin(self, epoch, logs=None):
-        value = float(self.schedule(epoch, self.trainer.learning_rate))
-        self.trainer.learning_rate = value
+        value = float(self.schedule(epoch, self.model.learning_rate))
+        self.model.learning_rate = value
         if self.verbose:
             print(f"LearningRateScheduler: epoch {epoch + 1} learning rate {value:.6g}")

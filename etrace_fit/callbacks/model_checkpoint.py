@@ -50,7 +50,7 @@ class ModelCheckpoint(MonitoredCallback):
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        self.trainer.save(path)
+        self.model.save(path)
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)

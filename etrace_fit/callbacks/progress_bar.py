@@ -1,23 +1,44 @@
-"""``ProgressBar``: a tqdm bar per epoch with loss, metrics and throughput."""
+"""``ProgressBar``: a tqdm bar per epoch, then one line with every metric."""
 
 from __future__ import annotations
 
+import sys
 import time
+from typing import Mapping
 
 import jax
 from tqdm.auto import tqdm
 
 from .base import Callback
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "epoch_line"]
+
+
+def epoch_line(epoch: int, epochs: int | None, logs: Mapping[str, float], seconds: float) -> str:
+    """Keras' end-of-epoch line: ``Epoch 3/10 - 1.2s - loss: 0.4310 - accuracy: 0.8125``
+    (every logged value, never cut)."""
+    def value(v: float) -> str:
+        return f"{v:.4g}" if v and (abs(v) < 1e-3 or abs(v) >= 1e5) else f"{v:.4f}"
+
+    shown = " - ".join(f"{key}: {value(float(v))}" for key, v in logs.items())
+    head = f"Epoch {epoch + 1}" + (f"/{epochs}" if epochs else "")
+    return f"{head} - {seconds:.1f}s" + (f" - {shown}" if shown else "")
 
 
 class ProgressBar(Callback):
-    """One ``tqdm.auto`` bar per epoch; the postfix shows the running loss and metrics,
-    sequences per second and time steps per second. ``Trainer.fit(verbose=1)`` adds one.
+    """During an epoch, a ``tqdm.auto`` bar whose postfix shows the running loss and
+    metrics, sequences per second and time steps per second; at its end the bar goes and
+    one line with *every* logged value (validation included) stays, as Keras prints
+    it. When the output is not a terminal (a log file, CI) there is no bar, only the
+    line per epoch. ``Trainer.fit(verbose=1)`` (the default) adds one.
 
     Args:
-        total: batches per epoch, when known (the bar's length).
+        total: batches per epoch, when known (the bar's length; ``fit`` passes it).
+        file: where to write (default ``sys.stderr``, as tqdm).
+        bar: ``True``/``False`` to force the bar on or off (default: only on a terminal
+            or in a notebook).
+        ncols: the bar's width in characters (default: the terminal's, followed as it
+            changes).
 
     Example::
 
@@ -27,14 +48,30 @@ class ProgressBar(Callback):
     #: Seconds between reads of the batch logs (the postfix's running means).
     refresh_seconds = 0.2
 
-    def __init__(self, total: int | None = None, leave: bool = True):
-        self.total, self.leave = total, leave
+    def __init__(self, total: int | None = None, file=None, bar: bool | None = None, ncols: int | None = None):
+        self.total, self.file, self.bar, self.ncols = total, file, bar, ncols
         self._bar = None
 
+    def _stream(self):
+        return self.file if self.file is not None else sys.stderr
+
+    def _show_bar(self) -> bool:
+        if self.bar is not None:
+            return self.bar
+        if "ipykernel" in sys.modules:  # a notebook: tqdm.auto draws a widget
+            return True
+        isatty = getattr(self._stream(), "isatty", None)
+        return bool(isatty and isatty())
+
     def on_epoch_begin(self, epoch, logs=None):
-        epochs = getattr(self.trainer, "epochs", None)
-        label = f"epoch {epoch + 1}" + (f"/{epochs}" if epochs else "")
-        self._bar = tqdm(total=self.total, desc=label, unit="batch", leave=self.leave, dynamic_ncols=True)
+        self._epoch_start = time.perf_counter()
+        epochs = self.params.get("epochs")
+        total = self.total if self.total is not None else self.params.get("steps")
+        self._total = total
+        if self._show_bar():
+            label = f"Epoch {epoch + 1}" + (f"/{epochs}" if epochs else "")
+            self._bar = tqdm(total=total, desc=label, unit="batch", leave=False, file=self._stream(),
+                             dynamic_ncols=self.ncols is None, ncols=self.ncols)
         self._start, self._sequences, self._steps = time.perf_counter(), 0, 0
         self._sums: dict[str, float] = {}
         self._count = 0
@@ -48,9 +85,11 @@ class ProgressBar(Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._count += 1
+        if self._bar is None:
+            return  # no bar: nothing to show before the epoch's line, so never wait for the device
         self._pending.append(getattr(logs, "raw", logs) or {})
         now = time.perf_counter()
-        if now - self._shown >= self.refresh_seconds or self._count == self.total:
+        if now - self._shown >= self.refresh_seconds or self._count == self._total:
             # Read the pending logs at most every refresh_seconds: each read waits for
             # the device, which otherwise runs ahead of the Python loop.
             for pending in jax.device_get(self._pending):
@@ -66,7 +105,7 @@ class ProgressBar(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._bar is not None:
-            shown = {k: f"{v:.4f}" for k, v in (logs or {}).items()}
-            self._bar.set_postfix(shown)
             self._bar.close()
             self._bar = None
+        elapsed = time.perf_counter() - self._epoch_start
+        print(epoch_line(epoch, self.params.get("epochs"), logs or {}, elapsed), file=self._stream(), flush=True)

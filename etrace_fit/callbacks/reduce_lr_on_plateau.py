@@ -47,11 +47,11 @@ class ReduceLROnPlateau(MonitoredCallback):
             return
         self.wait += 1
         if self.wait >= self.patience:
-            current = self.trainer.learning_rate
+            current = self.model.learning_rate
             if current is None:
                 raise ConfigError("ReduceLROnPlateau needs an optimizer built with optax.inject_hyperparams")
             if current > self.min_lr:
-                self.trainer.learning_rate = max(current * self.factor, self.min_lr)
+                self.model.learning_rate = max(current * self.factor, self.min_lr)
             self.wait, self.cooldown_left = 0, self.cooldown
 
     def state_dict(self) -> dict[str, Any]:

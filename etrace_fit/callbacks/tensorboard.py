@@ -32,7 +32,8 @@ class TensorBoard(Callback):
 
     Args:
         log_dir: the folder for event files.
-        update_freq: batches between ``batch/loss`` points (0: none).
+        update_freq: ``"epoch"`` (no per-batch points, Keras' default), ``"batch"`` (a
+            ``batch/loss`` point every batch) or an int ``n`` (every ``n`` batches).
         histogram_freq: epochs between histograms (0: none).
         raster_freq: epochs between spike rasters (0: none; default ``histogram_freq``).
 
@@ -41,8 +42,20 @@ class TensorBoard(Callback):
         trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence")])
     """
 
-    def __init__(self, log_dir: str = "runs", update_freq: int = 10, histogram_freq: int = 1,
+    def __init__(self, log_dir: str = "runs", update_freq: int | str = "epoch", histogram_freq: int = 1,
                  raster_freq: int | None = None):
+        from ..errors import ConfigError
+
+        if update_freq == "epoch":
+            update_freq = 0
+        elif update_freq == "batch":
+            update_freq = 1
+        elif not isinstance(update_freq, int) or isinstance(update_freq, bool) or update_freq < 0:
+            raise ConfigError(f"TensorBoard: update_freq must be 'epoch', 'batch' or an int >= 0 (batches between "
+                              f"points), got {update_freq!r}")
+        for name, value in (("histogram_freq", histogram_freq), ("raster_freq", raster_freq)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ConfigError(f"TensorBoard: {name} must be an int >= 0 (epochs between; 0: never), got {value!r}")
         self.log_dir, self.update_freq, self.histogram_freq = os.fspath(log_dir), update_freq, histogram_freq
         self.raster_freq = histogram_freq if raster_freq is None else raster_freq
         self._writer = None
@@ -77,8 +90,8 @@ class TensorBoard(Callback):
             self._rasters(epoch)
         if not self._dashboard_written:
             self._dashboard_written = True
-            self._writer.add_text("compile_report", "```\n" + self.trainer.report() + "\n```", epoch)
-            config = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in self.trainer.config.items()
+            self._writer.add_text("compile_report", "```\n" + self.model.report() + "\n```", epoch)
+            config = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in self.model.config.items()
                       if v is not None}
             self._writer.add_hparams(config, {f"hparam/{k}": float(v) for k, v in (logs or {}).items()},
                                      name="hparams")
@@ -95,7 +108,7 @@ class TensorBoard(Callback):
                     self._writer.add_histogram(f"{prefix}/{name}{'/' + leaf if leaf else ''}", values, epoch)
 
     def _histograms(self, epoch: int) -> None:
-        trainer = self.trainer
+        trainer = self.model
         self._histogram_tree("weights", trainer.get_weights(), epoch)
         if trainer.last_gradients is not None:
             self._histogram_tree("gradients", trainer.last_gradients, epoch)
@@ -103,7 +116,7 @@ class TensorBoard(Callback):
             self._histogram_tree("trace_norms", trainer.last_trace_norms, epoch)
 
     def _rasters(self, epoch: int) -> None:
-        trainer = self.trainer
+        trainer = self.model
         if trainer.sample_input is None or not trainer.spiking_layers():
             return
         for name, spikes in trainer.record_spikes(trainer.sample_input).items():

@@ -21,4 +21,4 @@ class TerminateOnNaN(Callback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(loss):
             print(f"TerminateOnNaN: batch {batch} has loss {loss}; stopping")
-            self.trainer.stop_training = True
+            self.model.stop_training = True

@@ -1,4 +1,4 @@
-"""The ETP compiler (DESIGN.md §4): one pass per module, each a pure function.
+"""The ETP compiler (docs/theory.md §4): one pass per module, each a pure function.
 
 ``compile_graph(model, *example_inputs) -> ETraceGraph`` runs them in order:
 ``module_info`` → ``hidden_groups`` → ``relations``. Read ``module_info.py`` first.

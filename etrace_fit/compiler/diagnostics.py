@@ -23,7 +23,7 @@ class Level(enum.IntEnum):
 
 
 class DiagnosticKind(enum.Enum):
-    """What a record is about, with its default level (DESIGN.md §4.5)."""
+    """What a record is about, with its default level (docs/theory.md §4.5)."""
 
     RELATION_INCLUDED = ("relation included", Level.INFO)
     EXCLUDED_NO_PARAM_STATE = ("excluded: no param state", Level.WARNING)

@@ -1,6 +1,6 @@
 """Pass 4 — fidelity: which traced weights get an approximate online gradient, and why.
 
-With the previous-state learning signal (DESIGN.md §5.8) a trace rule is exact for a
+With the previous-state learning signal (docs/theory.md §5.8) a trace rule is exact for a
 weight when the only memory its effect travels through is its own hidden group's,
 and that group recurs per unit. This pass names each way a model breaks that, per
 relation, as a ``APPROXIMATE`` diagnostic (the rules' own approximations, such as

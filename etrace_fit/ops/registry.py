@@ -108,7 +108,7 @@ class EtpOp(abc.ABC):
         y_shape: Shape,
         num_states: int,
     ) -> dict[str, Shape]:
-        """Shape of the D-RTRL trace of each trainable operand (DESIGN.md §5.1).
+        """Shape of the D-RTRL trace of each trainable operand (docs/theory.md §5.1).
 
         ``batch_shape`` is the hidden state's batch axes (``()`` unbatched);
         ``x_shape`` and ``y_shape`` are the op's own; ``num_states`` is the hidden
@@ -124,7 +124,7 @@ class EtpOp(abc.ABC):
         y_shape: Shape,
         num_states: int,
     ) -> tuple[Shape, Shape] | None:
-        """Shapes ``(ε_x, ε_f)`` of the ES-D-RTRL traces (DESIGN.md §5.2), or ``None``
+        """Shapes ``(ε_x, ε_f)`` of the ES-D-RTRL traces (docs/theory.md §5.2), or ``None``
         when the factorisation does not apply (an op with no ``x``)."""
         return None
 

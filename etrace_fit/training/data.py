@@ -15,17 +15,18 @@ import numpy as np
 
 from ..errors import ConfigError, ShapeError
 
-__all__ = ["Batch", "batches", "check_finite", "split_validation"]
+__all__ = ["Batch", "batches", "check_finite", "check_shuffle", "split_validation"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """One batch, batch-major: ``x (B, T, ...)``, ``y`` (per sequence or per step) or
-    None, ``mask (B, T)`` or None."""
+    None, ``mask (B, T)`` or None, ``sample_weight`` ``(B,)`` or ``(B, T)`` or None."""
 
     x: Any
     y: Any = None
     mask: Any = None
+    sample_weight: Any = None
 
     @property
     def size(self) -> int:
@@ -41,6 +42,12 @@ def check_finite(x: Any, name: str = "x") -> None:
     if np.any(bad):
         first = int(np.argmax(bad))
         raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data before training")
+
+
+def check_shuffle(shuffle: Any) -> None:
+    """``True``, ``False`` or ``"batch"`` (as in Keras), else :class:`ConfigError`."""
+    if not (isinstance(shuffle, bool) or shuffle == "batch"):
+        raise ConfigError(f"shuffle must be True, False or 'batch' (shuffle the order of batches only), got {shuffle!r}")
 
 
 def _length(name: str, value: Any) -> int:
@@ -64,19 +71,30 @@ def split_validation(x: Any, y: Any, fraction: float) -> tuple[tuple[Any, Any], 
     return (take(x, slice(0, cut)), take(y, slice(0, cut))), (take(x, slice(cut, None)), take(y, slice(cut, None)))
 
 
-def _array_batches(x, y, batch_size, shuffle, seed, drop_remainder) -> Iterator[Batch]:
+def _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weight, mask) -> Iterator[Batch]:
     total = _length("x", x)
     if total == 0:
         raise ShapeError("x is empty: no samples to train on")
     if y is not None and _length("y", y) != total:
         raise ShapeError(f"x and y have different numbers of samples: x has {total}, y has {_length('y', y)}")
-    order = np.random.default_rng(seed).permutation(total) if shuffle else np.arange(total)
+    if mask is not None and _length("mask", mask) != total:
+        raise ShapeError(f"mask has {_length('mask', mask)} rows for {total} samples of x")
+    if sample_weight is not None and _length("sample_weight", sample_weight) != total:
+        raise ShapeError(f"sample_weight has {_length('sample_weight', sample_weight)} entries for {total} samples "
+                         f"of x; give one weight per sample (N,) or per sample and step (N, T)")
     stop = total - total % batch_size if drop_remainder else total
     if stop == 0:
         raise ShapeError(f"drop_remainder=True with batch_size={batch_size} drops all {total} samples")
-    for first in range(0, stop, batch_size):
-        index = np.sort(order[first : first + batch_size]) if not shuffle else order[first : first + batch_size]
-        yield Batch(x[index], None if y is None else y[index])
+    rng = np.random.default_rng(seed)
+    if shuffle == "batch":  # Keras: the order of batch-sized chunks is shuffled, not the samples
+        chunks = [np.arange(first, min(first + batch_size, stop)) for first in range(0, stop, batch_size)]
+        chunks = [chunks[i] for i in rng.permutation(len(chunks))]
+    else:
+        order = rng.permutation(total) if shuffle else np.arange(total)
+        chunks = [order[first : first + batch_size] for first in range(0, stop, batch_size)]
+    for index in chunks:
+        yield Batch(x[index], None if y is None else y[index], None if mask is None else np.asarray(mask)[index],
+                    None if sample_weight is None else np.asarray(sample_weight)[index])
 
 
 def _as_batch(item: Any, position: int) -> Batch:
@@ -93,23 +111,31 @@ def batches(
     y: Any = None,
     *,
     batch_size: int = 32,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int = 0,
     drop_remainder: bool = False,
+    sample_weight: Any = None,
+    mask: Any = None,
 ) -> Iterator[Batch]:
     """Batches of ``x`` (and ``y``), whatever form the data comes in (module docstring).
 
-    ``shuffle`` and ``seed`` apply to arrays only; iterables and sequences are read in
-    their own order. Raises :class:`ShapeError` for empty data or ``x`` and ``y`` of
-    different lengths, :class:`ConfigError` for a bad ``batch_size``.
+    ``shuffle`` (``True``, ``False`` or Keras' ``"batch"``: shuffle the order of
+    batch-sized chunks only), ``seed``, ``sample_weight`` and ``mask`` (``(N, T)``)
+    apply to arrays only;
+    iterables and sequences are read in their own order. Raises :class:`ShapeError` for
+    empty data or ``x`` and ``y`` of different lengths, :class:`ConfigError` for a bad
+    ``batch_size`` or ``shuffle``.
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_shuffle(shuffle)
     if hasattr(x, "shape") and hasattr(x, "__getitem__"):
-        yield from _array_batches(x, y, batch_size, shuffle, seed, drop_remainder)
+        yield from _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weight, mask)
         return
     if y is not None:
         raise ConfigError("y must be None when x is an iterable or sequence of (x, y) batches")
+    if sample_weight is not None:
+        raise ConfigError("sample_weight applies to array data; an iterable gives weights inside its batches")
     if hasattr(x, "__len__") and hasattr(x, "__getitem__"):
         if len(x) == 0:
             raise ShapeError("the data sequence is empty: no batches to train on")

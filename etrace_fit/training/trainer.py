@@ -26,12 +26,14 @@ from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, compile as compile_learner
 from ..algorithms.registry import check_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
+from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from . import checkpoint
 from ..errors import ConfigError, ShapeError
-from .data import Batch, batches, check_finite, split_validation
-from .losses import check_labels, cross_entropy, get_loss
+from .data import Batch, batches, check_finite, check_shuffle, split_validation
+from .losses import check_labels, get_loss
 from .metrics import get_metrics
+from .optimizers import get_optimizer
 
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 
@@ -63,12 +65,125 @@ def check_trace_memory(plan: Any, batch_size: int, available: int | None = None)
             f"weights, or trace_dtype bfloat16; trainer.report() lists the traces")
 
 
-class History:
-    """Per-epoch logs, as in Keras: ``history.history["loss"]`` is a list, one per epoch."""
+def check_verbose(verbose: Any) -> int:
+    """Keras' ``verbose``: ``"auto"`` (= 1), 0, 1 or 2; anything else is a ConfigError."""
+    if verbose == "auto":
+        return 1
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise ConfigError(f"verbose must be 'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch), "
+                          f"got {verbose!r}")
+    return int(verbose)
 
-    def __init__(self):
+
+def validation_schedule(validation_freq: Any):
+    """Keras' ``validation_freq`` as a predicate on the 0-based epoch: an int ``n``
+    validates every ``n``-th epoch, a collection at the listed 1-based epochs."""
+    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool):
+        if validation_freq < 1:
+            raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
+        return lambda epoch: (epoch + 1) % validation_freq == 0
+    try:
+        listed = {int(e) for e in validation_freq}
+    except (TypeError, ValueError):
+        raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}") from None
+    return lambda epoch: epoch + 1 in listed
+
+
+class Arrays:
+    """Batch-major array data: ``x (N, T, ...)``, ``y`` and ``mask`` or None."""
+
+    def __init__(self, x: Any, y: Any = None, mask: Any = None):
+        self.x, self.y, self.mask = x, y, mask
+
+
+def _batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
+    """Time-major arrays ``x (T, N, ...)``, per-step ``y (T, N, ...)`` or per-sequence
+    ``y (N, ...)``, and ``(T, N)`` weights or masks (or ``(N,)``) as batch-major views;
+    a ``y`` that fits neither reading is an error saying which layout was assumed."""
+    if np.ndim(x) < 3:
+        raise ShapeError(f"{name} must be (time, batch, features) with time_major=True, got shape {tuple(np.shape(x))}")
+    steps, size = np.shape(x)[:2]
+    swap = lambda a: None if a is None else np.swapaxes(np.asarray(a), 0, 1)  # noqa: E731
+    if y is not None:
+        shape = np.shape(y)
+        if len(shape) >= 2 and shape[:2] == (steps, size):
+            y = swap(y)
+        elif not shape or shape[0] != size:
+            hint = " — x looks batch-major: pass time_major=False" if shape and shape[0] == steps else ""
+            raise ShapeError(f"time_major=True reads {name} of shape {tuple(np.shape(x))} as (time={steps}, "
+                             f"batch={size}, ...), but y has shape {tuple(shape)}; expected ({size}, ...) per "
+                             f"sequence or ({steps}, {size}, ...) per step{hint}")
+    if weights is not None and np.ndim(weights) == 2:
+        weights = swap(weights)
+    return swap(x), y, weights
+
+
+def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
+    """The table of :meth:`Trainer.summary` (``learner``: the compiled one, or None)."""
+    nodes = {path: node for path, node in model.nodes().items()}
+    params = model.states(brainstate.ParamState)
+    hidden = model.states(brainstate.HiddenState)
+    rules, trace = {}, {}
+    if learner is not None and learner.plan is not None:
+        for pair, rule, size in zip(learner.plan.pairs, learner.plan.rules, learner.plan.trace_bytes(1)):
+            name = format_path(pair.relation.weight_path)
+            rules.setdefault(name, []).append(rule.name)
+            trace[name] = trace.get(name, 0) + size
+    owners = sorted({path[:-1] for path in (*params, *hidden)}, key=lambda p: [str(k) for k in p])
+    rows = [("layer (type)", "params", "hidden states (per sample)", "rule", "traces / sample")]
+    total_params = total_trace = 0
+    for owner in owners:
+        node = nodes.get(owner)
+        kind = type(node).__name__ if node is not None else "?"
+        count = sum(int(np.size(leaf)) for path, state in params.items() if path[:-1] == owner
+                    for leaf in jax.tree.leaves(state.value))
+        total_params += count
+        states = ", ".join(f"{path[-1]} {tuple(np.shape(jax.tree.leaves(state.value)[0]))[1:]}"
+                           for path, state in hidden.items() if path[:-1] == owner)
+        names = [format_path(path) for path in params if path[:-1] == owner]
+        rule = ", ".join(f"{n.rsplit('.', 1)[-1]}: {'+'.join(dict.fromkeys(rules[n]))}" for n in names if n in rules)
+        if not rule and names:
+            rule = "bptt" if algo == "bptt" else ("(at first batch)" if learner is None else "untraced")
+        size = sum(trace.get(n, 0) for n in names)
+        total_trace += size
+        rows.append((f"{format_path(owner) or '(model)'} ({kind})", f"{count:,}", states or "-", rule or "-",
+                     _human_bytes(size) if size else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
+    rule_line = "-" * len(line(rows[0]))
+    out = [f'Model: "{type(model).__name__}"', rule_line, line(rows[0]), rule_line, *map(line, rows[1:]), rule_line,
+           f"Total params: {total_params:,}"]
+    if learner is None:
+        out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
+    elif learner.plan is None:
+        out.append("Rules: algo='bptt' (no traces; memory grows with the sequence length)")
+    else:
+        out.append(f"Trace memory: {_human_bytes(total_trace)} per sample "
+                   f"(x batch size; {jnp.dtype(learner.plan.trace_dtype).name})")
+        approximate = learner.approximations()
+        out.append(f"Approximate online gradients: {', '.join(approximate)}" if approximate
+                   else "Every weight gets its exact (BPTT) gradient")
+    return "\n".join(out)
+
+
+def _human_bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+class History:
+    """Per-epoch logs of one ``fit``, as in Keras: ``history.history["loss"]`` is a list,
+    one per epoch; ``history.epoch`` the epoch numbers; ``history.params`` the fit's
+    ``{"verbose", "epochs", "steps"}``; ``history.model`` the trainer."""
+
+    def __init__(self, params: Mapping | None = None, model: Any = None):
         self.history: dict[str, list[float]] = {}
         self.epoch: list[int] = []
+        self.params: dict = dict(params or {})
+        self.model = model
 
     def append(self, epoch: int, logs: Mapping[str, float]) -> None:
         self.epoch.append(epoch)
@@ -83,9 +198,15 @@ class Trainer:
         model: a module whose one call is one time step (e.g. ``etrace_fit.Sequential``).
         algo: ``"hybrid"`` (default), ``"d_rtrl"``, ``"esd_rtrl"``, ``"bptt"`` or a dict
             ``{path pattern: rule}`` (see :func:`etrace_fit.sequence_grad`).
-        optimizer: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)``).
-        loss: ``"cross_entropy"`` (integer labels), ``"mse"``, or ``(output, target) -> (B,)``.
-        metrics: names (``"accuracy"``, ``"mse"``) or callables ``(output, target) -> (B,)``.
+        optimizer: a Keras name (``"adam"``, ``"sgd"``, ``"rmsprop"``, ... at Keras'
+            default learning rate; see :mod:`etrace_fit.training.optimizers`) or an optax
+            ``GradientTransformation`` (default ``"adam"``).
+        loss: a name — ``"cross_entropy"`` = ``"sparse_categorical_crossentropy"``
+            (integer labels), ``"categorical_crossentropy"``, ``"mse"``, ``"mae"``, the
+            spiking ``"spike_rate_cross_entropy"`` / ``"spike_rate_mse"`` — or
+            ``(output, target) -> (B,)``.
+        metrics: a list of names (``"accuracy"`` = ``"acc"``, ``"mse"``, ``"mae"``, ...)
+            or callables ``(output, target) -> (B,)``.
         decay: ES-D-RTRL's smoothing factor α.
         loss_on: ``"last"`` (the last step), ``"all"`` (every step, averaged) or
             ``"mask"`` (the steps a per-batch mask marks, averaged per sequence).
@@ -123,6 +244,9 @@ class Trainer:
         memory_budget: int | str | None = None,
     ):
         check_algo(algo)
+        if isinstance(metrics, str):
+            raise ConfigError(f"metrics must be a list of names or callables, got the string {metrics!r}; "
+                              f"write metrics=[{metrics!r}]")
         if loss_on not in LOSS_PLACEMENTS:
             raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
         if update_every is not None and (not isinstance(update_every, int) or update_every < 1):
@@ -134,6 +258,7 @@ class Trainer:
         parse_bytes(memory_budget)
         self.model = model
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
+                           optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
                            memory_budget=memory_budget)
@@ -146,13 +271,13 @@ class Trainer:
         self.memory_budget = memory_budget
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
-        optimizer = optax.adam(1e-3) if optimizer is None else optimizer
+        optimizer = get_optimizer(optimizer)
         self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
         self.opt_state = None
         self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
-        self.history = History()
+        self.history = History(model=self)
         self._step_loss = self._make_step_loss()
         self._forward = None
         self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted train step)
@@ -180,20 +305,22 @@ class Trainer:
     def _params(self):
         return self.model.states(brainstate.ParamState)
 
-    def _time_major(self, batch: Batch) -> tuple[np.ndarray, Any, np.ndarray]:
+    def _time_major(self, batch: Batch, time_major: bool | None = None) -> tuple[np.ndarray, Any, np.ndarray]:
         """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
-        (numpy: no device work per batch before the one jitted step)."""
+        (numpy: no device work per batch before the one jitted step). ``weights`` place
+        the loss (``loss_on``) and carry the batch's ``sample_weight``."""
+        time_major = self.time_major if time_major is None else time_major
         x = np.asarray(batch.x)
         if x.ndim < 3:
-            raise ShapeError(f"x must be {'(time, batch, features)' if self.time_major else '(batch, time, features)'}"
+            raise ShapeError(f"x must be {'(time, batch, features)' if time_major else '(batch, time, features)'}"
                              f" with at least 3 axes, got shape {tuple(x.shape)}")
-        xs = x if self.time_major else np.swapaxes(x, 0, 1)
+        xs = x if time_major else np.swapaxes(x, 0, 1)
         steps, size = xs.shape[0], xs.shape[1]
         if self.loss_on == "mask":
             if batch.mask is None:
                 raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
             mask = np.asarray(batch.mask, np.float32)
-            mask = mask if self.time_major else mask.T
+            mask = mask if time_major else mask.T
             if mask.shape != (steps, size):
                 raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
             weight = mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0)
@@ -205,11 +332,39 @@ class Trainer:
         y = None if batch.y is None else np.asarray(batch.y)
         if y is None:
             ys = np.zeros((steps, size), np.float32)
-        elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if self.time_major else (size, steps)):
-            ys = y if self.time_major else np.swapaxes(y, 0, 1)  # per-step targets
-        else:
+        elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if time_major else (size, steps)):
+            ys = y if time_major else np.swapaxes(y, 0, 1)  # per-step targets
+        elif y.shape[:1] == (size,):
             ys = np.broadcast_to(y, (steps, *y.shape))  # one target per sequence
+        else:
+            layout = "(time, batch, ...)" if time_major else "(batch, time, ...)"
+            hint = (" x looks batch-major: pass time_major=False" if time_major and y.shape[:1] == (steps,)
+                    else " x looks time-major: pass time_major=True" if not time_major and y.shape[:1] == (steps,)
+                    else "")
+            raise ShapeError(f"x of shape {tuple(x.shape)} is read as {layout}: {size} sequences of {steps} steps, "
+                             f"but y has shape {tuple(y.shape)}; expected ({size}, ...) per sequence or "
+                             f"{(steps, size) if time_major else (size, steps)} per step.{hint}")
         return xs, ys, weight.astype(np.float32)
+
+    def _loss_weight(self, batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: np.ndarray | None,
+                     time_major: bool) -> np.ndarray:
+        """The placement ``weight (T, B)`` times the batch's ``sample_weight`` and the
+        class weight of each step's label (what the loss uses; metrics are unweighted,
+        as in Keras)."""
+        steps, size = weight.shape
+        if batch.sample_weight is not None:
+            sample_weight = np.asarray(batch.sample_weight, np.float32)
+            if sample_weight.shape == (size,):
+                weight = weight * sample_weight[None, :]
+            elif sample_weight.shape == ((steps, size) if time_major else (size, steps)):
+                weight = weight * (sample_weight if time_major else sample_weight.T)
+            else:
+                raise ShapeError(f"sample_weight must have shape ({size},) (one per sequence) or "
+                                 f"{(steps, size) if time_major else (size, steps)} (per step), got "
+                                 f"{tuple(sample_weight.shape)}")
+        if class_weight is not None:
+            weight = weight * class_weight[np.asarray(ys, np.int64).reshape(steps, size)]
+        return weight.astype(np.float32)
 
     def _ensure_states(self, batch_size: int) -> None:
         """Create the hidden states of a model no batch has run through yet."""
@@ -233,7 +388,7 @@ class Trainer:
     def _check_first(self, xs, ys) -> None:
         """Errors before any training: the model's input size and the labels' range."""
         out = self._outputs(xs[:1])
-        if self.loss_fn is cross_entropy:
+        if getattr(self.loss_fn, "integer_labels", False):
             check_labels(np.asarray(ys), int(out.shape[-1]))
 
     def _metrics(self, outputs, ys, weight) -> dict[str, jax.Array]:
@@ -248,40 +403,71 @@ class Trainer:
         y: Any = None,
         batch_size: int = 32,
         epochs: int = 1,
-        validation_data: Any = None,
+        verbose: int | str = "auto",
+        callbacks: Sequence[Any] | None = None,
         validation_split: float = 0.0,
-        shuffle: bool = True,
+        validation_data: Any = None,
+        shuffle: bool | str = True,
+        class_weight: Mapping[int, float] | None = None,
+        sample_weight: Any = None,
         initial_epoch: int = 0,
         steps_per_epoch: int | None = None,
-        callbacks: Sequence[Any] | None = None,
-        verbose: int = 1,
+        validation_freq: int | Sequence[int] = 1,
         drop_remainder: bool = False,
     ) -> History:
-        """Train for ``epochs`` passes over the data; returns the :class:`History`.
+        """Train for ``epochs`` passes over the data; returns a new :class:`History`.
 
-        ``verbose``: 0 silent, 1 a progress bar per epoch (``callbacks.ProgressBar``),
-        2 one line per epoch.
+        The arguments are Keras' (same names, order and meaning):
+
+        - ``verbose``: ``"auto"`` (= 1), 0 silent, 1 a progress bar per epoch
+          (``callbacks.ProgressBar``; one line per epoch when the output is not a
+          terminal), 2 one line per epoch.
+        - ``shuffle``: ``True``, ``False``, or ``"batch"`` (shuffle the order of
+          batch-sized chunks only).
+        - ``class_weight``: ``{class: weight}`` scaling the loss of each step by the
+          weight of its integer label (classes not named weigh 1).
+        - ``sample_weight``: per sequence ``(N,)`` or per sequence and step ``(N, T)``
+          (time-major ``(T, N)`` with ``time_major=True``), scaling the loss; metrics
+          are not weighted.
+        - ``initial_epoch``: the epoch to start at (to continue a run);
+          ``validation_freq``: validate every ``n`` epochs, or at the listed (1-based)
+          epochs.
 
         Logs per epoch: ``loss``, each metric, and with validation data ``val_loss`` and
         ``val_<metric>``. Bad data (empty, x and y of different lengths, NaN / inf,
         labels out of range, a wrong feature size) raises before any update.
         """
-        if not isinstance(epochs, int) or epochs < initial_epoch:
+        verbose = check_verbose(verbose)
+        check_shuffle(shuffle)
+        if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
+            raise ConfigError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < initial_epoch:
             raise ConfigError(f"epochs must be an int >= initial_epoch ({initial_epoch}), got {epochs!r}")
+        validates = validation_schedule(validation_freq)
         if validation_split and validation_data is not None:
             raise ConfigError("give validation_data or validation_split, not both")
         is_array = hasattr(x, "shape")
+        if (sample_weight is not None or class_weight is not None) and not is_array:
+            raise ConfigError("sample_weight and class_weight apply to array data (x, y)")
+        if is_array and self.time_major:  # batches are cut along the batch axis: read it batch-major
+            x, y, sample_weight = _batch_major(x, y, sample_weight)
         if validation_split:
             if not is_array:
                 raise ConfigError("validation_split needs array data; pass validation_data for iterables")
-            (x, y), validation_data = split_validation(x, y, validation_split)
+            (x, y), held_out = split_validation(x, y, validation_split)
+            validation = Arrays(*held_out)
+            if sample_weight is not None:
+                sample_weight = np.asarray(sample_weight)[: len(x)]
+        else:
+            validation = self._as_data(validation_data, "validation_data")
         if is_array:
             check_finite(x)
+        class_table = None if class_weight is None else self._class_table(class_weight, y)
         self.sample_input = None
-        if isinstance(validation_data, tuple) and len(validation_data) in (2, 3) and hasattr(validation_data[0], "shape"):
-            check_finite(validation_data[0], "validation x")
-            if len(validation_data[0]):
-                self.sample_input = np.asarray(validation_data[0][:, 0] if self.time_major else validation_data[0][0])
+        if isinstance(validation, Arrays):
+            check_finite(validation.x, "validation x")
+            if len(validation.x):
+                self.sample_input = np.asarray(validation.x[0])
         self.stop_training = False
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
@@ -289,17 +475,22 @@ class Trainer:
         self._batch_programs.clear()  # re-checked against the model's states at every fit
         params = self._params()
         callbacks = list(callbacks or [])
+        steps = None
+        if is_array:
+            size = np.shape(x)[0]
+            steps = size // batch_size if drop_remainder else -(-size // batch_size)
+            steps = steps if steps_per_epoch is None else min(steps, steps_per_epoch)
+        elif steps_per_epoch is not None:
+            steps = steps_per_epoch
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
-            total = None
-            if is_array:
-                size = np.shape(x)[0]
-                total = size // batch_size if drop_remainder else -(-size // batch_size)
-                total = total if steps_per_epoch is None else min(total, steps_per_epoch)
-            callbacks.append(ProgressBar(total=total))
+            callbacks.append(ProgressBar(total=steps))
         self.epochs = epochs
-        hooks = CallbackList(callbacks, trainer=self)
+        fit_params = {"verbose": verbose, "epochs": epochs, "steps": steps}
+        self.history = History(fit_params, model=self)
+        hooks = CallbackList(callbacks, model=self, params=fit_params)
         self._callbacks = hooks
         self.resume_epoch = None
+        self._warn_spiking_readout()
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
             initial_epoch = max(initial_epoch, self.resume_epoch)
@@ -308,11 +499,13 @@ class Trainer:
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
-                           drop_remainder=drop_remainder)
+                           drop_remainder=drop_remainder, sample_weight=sample_weight)
             for step, batch in enumerate(data):
                 if steps_per_epoch is not None and step >= steps_per_epoch:
                     break
-                xs, ys, weight = self._time_major(batch)
+                time_major = self.time_major and not is_array
+                xs, ys, weight = self._time_major(batch, time_major)
+                loss_weight = self._loss_weight(batch, ys, weight, class_table, time_major)
                 if not is_array:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
@@ -320,7 +513,7 @@ class Trainer:
                     if self.sample_input is None:
                         self.sample_input = np.asarray(xs[:, 0])
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
-                loss, logs, finite = self._train_batch(params, xs, ys, weight)
+                loss, logs, finite = self._train_batch(params, xs, ys, loss_weight, weight)
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))
                 records.append((xs.shape[1], loss, logs, finite))
                 if self.stop_training:
@@ -328,18 +521,46 @@ class Trainer:
             epoch_logs = self._epoch_logs(epoch, jax.device_get(records))
             if self.learning_rate is not None:
                 epoch_logs["learning_rate"] = self.learning_rate
-            if validation_data is not None:
-                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation_data, batch_size, hooks).items()})
+            if validation is not None and validates(epoch):
+                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation, batch_size, hooks).items()})
             self.history.append(epoch, epoch_logs)
             self.epoch = epoch
             hooks.on_epoch_end(epoch, epoch_logs)
             if verbose == 2:
-                shown = "  ".join(f"{k} {v:.4f}" for k, v in epoch_logs.items())
-                print(f"epoch {epoch + 1}/{epochs}  {shown}  ({time.perf_counter() - start:.1f} s)")
+                print(epoch_line(epoch, epochs, epoch_logs, time.perf_counter() - start), flush=True)
             if self.stop_training:
                 break
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
+
+    def _class_table(self, class_weight: Mapping[int, float], y: Any) -> np.ndarray:
+        """``class_weight`` as a lookup table over the labels' range (1 where not named)."""
+        if not isinstance(class_weight, Mapping) or not class_weight:
+            raise ConfigError(f"class_weight must be a non-empty dict {{class: weight}}, got {class_weight!r}")
+        labels = np.asarray(y)
+        if y is None or not np.issubdtype(labels.dtype, np.integer):
+            raise ConfigError("class_weight needs integer class labels y")
+        for key, value in class_weight.items():
+            if not isinstance(key, (int, np.integer)) or isinstance(key, bool) or key < 0:
+                raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {key!r}")
+            if not isinstance(value, (int, float, np.number)) or not value >= 0:
+                raise ConfigError(f"class_weight[{key}] must be a number >= 0, got {value!r}")
+        table = np.ones(max(int(labels.max(initial=0)), *class_weight) + 1, np.float32)
+        for key, value in class_weight.items():
+            table[key] = value
+        return table
+
+    def _warn_spiking_readout(self) -> None:
+        """Spikes of the last step alone carry almost no gradient: say what learns."""
+        from ..layers import LeakySpikeReadout
+
+        last = self.model.layers[-1] if hasattr(self.model, "layers") and len(self.model.layers) else self.model
+        if isinstance(last, LeakySpikeReadout) and self.loss_on == "last":
+            warnings.warn(
+                f"{type(last).__name__} emits spikes, and a loss on the last step's spikes alone barely learns "
+                f"(its loss stays near ln(classes)); use loss_on='all' with loss='spike_rate_cross_entropy' or "
+                f"'spike_rate_mse', or a LeakyRateReadout with loss_on='last' (see etrace_fit.training.spiking)",
+                UserWarning, stacklevel=3)
 
     def _compiled(self, xs, ys, weight):
         """The program for this batch's shape, from the learner compiled on the first
@@ -367,13 +588,13 @@ class Trainer:
         # With the loss at every step nothing is skipped: no per-step branch at all.
         skips = self.loss_on != "all" and compiled.plan is not None
 
-        def collected_logs(losses, collected, ys, weight):
+        def collected_logs(losses, collected, ys, metric_weight):
             norms = {}
             for name, norm in zip(pair_names, collected.trace_norms):
                 norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
-            return losses.sum(), self._metrics(collected.outputs, ys, weight), norms
+            return losses.sum(), self._metrics(collected.outputs, ys, metric_weight), norms
 
-        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight):
+        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight):
             weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
             options = {}
             if skips:  # "last" is known statically: no per-step branch in the program
@@ -393,7 +614,7 @@ class Trainer:
                 new_values = dict(values)
                 new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
                 grads = None
-            loss, logs, norms = collected_logs(losses, collected, ys, weight)
+            loss, logs, norms = collected_logs(losses, collected, ys, metric_weight)
             # An update is applied only when the loss and what it is made from are finite:
             # an overflowing trace gives a NaN gradient under a finite loss.
             made_from = jax.tree.leaves(grads if grads is not None else new_values)
@@ -433,7 +654,7 @@ class Trainer:
                           RuntimeWarning, stacklevel=3)
         return logs
 
-    def _train_batch(self, params, xs, ys, weight):
+    def _train_batch(self, params, xs, ys, weight, metric_weight=None):
         """One jitted training step; returns the batch's loss, metrics and finite flag
         as device values (no host sync)."""
         values = {format_path(path): state.value for path, state in params.items()}
@@ -443,7 +664,7 @@ class Trainer:
             self._init_optimizer(values if self.update_every is None else compiled.weight_leaves())
         leaves = compiled.state_leaves()
         new_values, self.opt_state, final, grads, loss, logs, norms, finite = step(
-            values, self.opt_state, leaves, [xs], ys, weight)
+            values, self.opt_state, leaves, [xs], ys, weight, weight if metric_weight is None else metric_weight)
         for path, state in params.items():
             state.value = new_values[format_path(path)]
         compiled.write_states(final)
@@ -462,18 +683,37 @@ class Trainer:
 
         return eval_step
 
-    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
-        hooks = hooks if hooks is not None else CallbackList()
+    def _as_data(self, data: Any, name: str = "x", y: Any = None) -> Any:
+        """Array data as batch-major :class:`Arrays` (``(x, y)`` or ``(x, y, mask)``
+        tuples; time-major ones are swapped as views), an iterable of batches as is,
+        ``None`` as ``None``."""
+        if data is None:
+            return None
+        if hasattr(data, "shape"):
+            data = (data, y)
         if isinstance(data, tuple) and len(data) in (2, 3) and hasattr(data[0], "shape"):
-            x, y = data[0], data[1]
+            x, y, mask = (*data, None)[:3]
+            if self.time_major:
+                x, y, mask = _batch_major(x, y, mask, name=name)
+            return Arrays(x, y, mask)
+        if isinstance(data, (tuple, list)) and data and hasattr(data[0], "shape"):
+            raise ConfigError(f"{name} must be (x, y), (x, y, mask) or an iterable of batches; got a "
+                              f"{type(data).__name__} of {len(data)} arrays")
+        return data
+
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
+        """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches)."""
+        hooks = hooks if hooks is not None else CallbackList()
+        if isinstance(data, Arrays):
+            source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask), False
         else:
-            x, y = data, None
+            source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
         totals: dict[str, float] = {}
         count = 0
         hooks.on_test_begin({})
-        for step, batch in enumerate(batches(x, y, batch_size=batch_size, shuffle=False)):
+        for step, batch in enumerate(source):
             hooks.on_test_batch_begin(step, {})
-            xs, ys, weight = self._time_major(batch)
+            xs, ys, weight = self._time_major(batch, time_major)
             self._ensure_states(xs.shape[1])
             if self._eval_step is None:
                 self._eval_step = self._build_eval_step()
@@ -486,10 +726,12 @@ class Trainer:
         hooks.on_test_end(result)
         return result
 
-    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, callbacks: Sequence[Any] | None = None
-                 ) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in training)."""
-        return self._evaluate((x, y) if hasattr(x, "shape") else x, batch_size, CallbackList(callbacks, trainer=self))
+    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
+                 callbacks: Sequence[Any] | None = None) -> dict[str, float]:
+        """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
+        training). ``x`` as in :meth:`fit`: arrays (with ``y``) or an iterable of batches."""
+        check_verbose(verbose)
+        return self._evaluate(self._as_data(x, "x", y), batch_size, CallbackList(callbacks, model=self))
 
     def spiking_layers(self) -> dict[str, Any]:
         """The model's layers with a ``spikes()`` method (LIF, ALIF, spiking readouts), by path."""
@@ -508,8 +750,13 @@ class Trainer:
             raise ConfigError(f"record_spikes: the model ({type(self.model).__name__}) has no spiking layer "
                               "(a layer with a spikes() method such as LIF or ALIF)")
         x = jnp.asarray(x)
-        if x.ndim < 2:
-            raise ShapeError(f"record_spikes: x must be one sequence (time, features...), got shape {tuple(x.shape)}")
+        step_rank = self._step_input_rank()
+        if x.ndim < 2 or (step_rank is not None and x.ndim != step_rank + 1):
+            expected = "(time, features...)" if step_rank is None else \
+                "(time, " + ", ".join(["features"] * step_rank) + ")"
+            hint = "; this looks like a batch of sequences: pass one, e.g. x[0]" if step_rank is not None and \
+                x.ndim == step_rank + 2 else ""
+            raise ShapeError(f"record_spikes: x must be one sequence {expected}, got shape {tuple(x.shape)}{hint}")
         self._ensure_states(1)
         if self._recorder is None:
             model = self.model
@@ -528,6 +775,17 @@ class Trainer:
         spikes = self._recorder(x[:, None])
         return {name: np.asarray(value[:, 0]) for name, value in spikes.items()}
 
+    def _step_input_rank(self) -> int | None:
+        """How many feature axes one step's input has (from the compiled step, or the
+        first layer's ``in_size``), or None when that is not known."""
+        if self.learner is not None:
+            return len(self.learner.graph.module.input_vars[0].aval.shape) - 1
+        first = self.model.layers[0] if hasattr(self.model, "layers") and len(self.model.layers) else self.model
+        size = getattr(first, "in_size", None)
+        if isinstance(size, int):
+            return 1
+        return len(size) if isinstance(size, tuple) else None
+
     def gradient_fidelity(self, x: Any, y: Any = None, mask: Any = None) -> dict[str, Any]:
         """Cosine and norm ratio of this trainer's online gradient against BPTT's on one
         batch (``x`` laid out as for ``fit``, the loss placed as in training), per
@@ -538,6 +796,29 @@ class Trainer:
         brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
         return gradient_fidelity(self.model, xs, (ys, weight), self._step_loss, algo=self.algo, decay=self.decay,
                                  memory_budget=self.memory_budget)
+
+    def summary(self, x: Any = None, print_fn: Any = print) -> str:
+        """Keras' ``summary()``: one row per layer — its type, parameter count, hidden
+        states (shape per sample) and, once compiled, the rule per weight and its trace
+        memory per sample — then the totals. The rules are chosen at the first
+        training batch; pass ``x`` (training data, laid out as for :meth:`fit`) to
+        compile on its first samples now. Printed with ``print_fn`` (None: not
+        printed) and returned."""
+        if x is not None and self.learner is None:
+            data = self._as_data(x, "x")
+            if isinstance(data, Arrays):
+                first = next(batches(data.x, data.y, batch_size=32, shuffle=False, mask=data.mask))
+            else:
+                first = next(iter(batches(data, batch_size=32, shuffle=False)))
+            xs, ys, weight = self._time_major(first, False if isinstance(data, Arrays) else None)
+            self._ensure_states(xs.shape[1])
+            brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
+            self._compiled(xs, ys, weight)
+        self._ensure_states(1)  # the hidden states' shapes per sample (fit resets them per batch)
+        text = model_summary(self.model, self.learner, algo=self.algo)
+        if print_fn is not None:
+            print_fn(text)
+        return text
 
     @property
     def rules(self) -> dict[str, str]:
@@ -624,7 +905,7 @@ class Trainer:
             from flax import serialization
 
             self.opt_state = jax.tree.map(jnp.asarray, serialization.from_state_dict(target, state["opt_state"]))
-        self.history = History()
+        self.history = History(self.history.params, model=self)
         for epoch in manifest["history_epochs"]:
             self.history.epoch.append(epoch)
         self.history.history = {k: list(v) for k, v in manifest["history"].items()}
@@ -635,13 +916,14 @@ class Trainer:
     @classmethod
     def load(cls, path: Any, model: Any, optimizer: Any = None, **overrides: Any) -> "Trainer":
         """A trainer for ``model`` with the configuration, weights, optimizer state and
-        history saved at ``path``. The optimizer itself is code, not data: pass the same
-        one (default ``optax.adam(1e-3)``)."""
+        history saved at ``path``. An optimizer given by name is saved by name; an optax
+        optimizer is code, not data: pass the same one (default ``"adam"``)."""
         manifest, _ = checkpoint.read_checkpoint(path)
         nullable = ("decay", "update_every", "grad_clip", "memory_budget")
         config = {k: v for k, v in manifest["config"].items() if v is not None or k in nullable}
         config.update(overrides)
-        trainer = cls(model, optimizer=optimizer, **config)
+        saved_optimizer = config.pop("optimizer", None)
+        trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)
         trainer.restore(path)
         return trainer
 
@@ -655,17 +937,21 @@ class Trainer:
         for path, value in weights.items():
             params[path].value = value
 
-    def predict(self, x: Any, batch_size: int = 32, last_only: bool = True,
-                callbacks: Sequence[Any] | None = None) -> np.ndarray:
+    def predict(self, x: Any, batch_size: int = 32, verbose: int | str = "auto",
+                callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
         """Outputs for array data: ``(N, ...)`` at the last step, or every step
         (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is)."""
-        check_finite(x)
-        hooks = CallbackList(callbacks, trainer=self)
+        check_verbose(verbose)
+        if not hasattr(x, "shape"):
+            raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
+        data = self._as_data(x, "x")
+        check_finite(data.x)
+        hooks = CallbackList(callbacks, model=self)
         hooks.on_predict_begin({})
         outputs = []
-        for step, batch in enumerate(batches(x, None, batch_size=batch_size, shuffle=False)):
+        for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
             hooks.on_predict_batch_begin(step, {})
-            xs, _, _ = self._time_major(batch)
+            xs, _, _ = self._time_major(batch, False)
             out = self._outputs(xs)
             outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})

@@ -66,7 +66,7 @@ def quiet_run(case, algo, **kwargs):
 
 
 # cosine(online, BPTT) per leaf, measured (float64) with the previous-state learning
-# signal (DESIGN.md §5.8); the values before it (signal at h^t) in the comments. The
+# signal (docs/theory.md §5.8); the values before it (signal at h^t) in the comments. The
 # readout (layers.1) is exact (1.0) and checked separately. W_r is untraced (one-step
 # gradient) under both rules. ES-D-RTRL equals D-RTRL on every bias: its input trace is
 # then a leaky sum of ones and the factorisation is exact.

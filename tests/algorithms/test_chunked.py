@@ -1,4 +1,4 @@
-"""Chunked rules (DESIGN.md §5.9) equal the same rules applied step by step, in float64.
+"""Chunked rules (docs/theory.md §5.9) equal the same rules applied step by step, in float64.
 
 The engine runs each rule once per chunk of ``C`` steps (``rule.chunk``). The reference
 here is the rule's own per-step recursion (``rule.step``, scanned by the engine when a

@@ -77,7 +77,7 @@ class FakeTrainer:
 def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
     fake = FakeTrainer()
     stopper = EarlyStopping("val_loss", patience=2, restore_best_weights=True)
-    stopper.set_trainer(fake)
+    stopper.set_model(fake)
     stopper.on_train_begin()
     for epoch, value in enumerate([3.0, 2.0, 2.5, 2.6, 2.7]):
         fake.weights = epoch  # the weights "after" this epoch
@@ -93,7 +93,7 @@ def test_early_stopping_mode_min_delta_and_missing_monitor():
     stopper = EarlyStopping("val_accuracy", min_delta=0.05, patience=0)
     assert stopper.mode == "max"
     fake = FakeTrainer()
-    stopper.set_trainer(fake)
+    stopper.set_model(fake)
     stopper.on_epoch_end(0, {"val_accuracy": 0.5})
     stopper.on_epoch_end(1, {"val_accuracy": 0.52})  # within min_delta: no improvement
     assert fake.stop_training
@@ -133,7 +133,7 @@ def test_csv_logger_writes_one_row_per_epoch_with_the_logged_keys(tmp_path):
 def test_terminate_on_nan_stops_training():
     fake = FakeTrainer()
     callback = TerminateOnNaN()
-    callback.set_trainer(fake)
+    callback.set_model(fake)
     callback.on_train_batch_end(0, {"loss": 1.0})
     assert not fake.stop_training
     callback.on_train_batch_end(1, {"loss": math.nan})
@@ -149,7 +149,7 @@ def test_lambda_callback_rejects_unknown_hooks_and_callback_list_round_trips_sta
     fresh = EarlyStopping(patience=3)
     CallbackList([LambdaCallback(), fresh]).load_state_dict(state)
     assert (fresh.best, fresh.wait) == (0.25, 2)
-    with pytest.raises(TypeError, match="Callback instances"):
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] must be an etrace_fit.callbacks.Callback instance"):
         CallbackList([print])
 
 
@@ -183,7 +183,7 @@ def test_reduce_lr_on_plateau_lowers_the_rate_after_patience():
 
     fake = Fake()
     callback = ReduceLROnPlateau("val_loss", factor=0.5, patience=2, min_lr=0.3)
-    callback.set_trainer(fake)
+    callback.set_model(fake)
     for epoch, value in enumerate([1.0, 1.0, 1.0, 1.0, 1.0, 1.0]):
         callback.on_epoch_end(epoch, {"val_loss": value})
     assert fake.learning_rate == 0.3  # 1.0 -> 0.5 -> 0.3 (floor)
@@ -200,13 +200,46 @@ def test_changing_the_rate_of_a_plain_optimizer_is_a_config_error():
         trainer.learning_rate = 0.1
 
 
-def test_progress_bar_shows_loss_and_throughput(capsys):
+def test_progress_bar_shows_loss_and_throughput_while_running():
+    import io
+
     x, y = _data(16)
-    _trainer().fit(x, y, batch_size=8, epochs=1, verbose=1)
-    err = capsys.readouterr().err
-    assert "epoch 1/1" in err and "2/2" in err
+    out = io.StringIO()
+    _trainer().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[ef.callbacks.ProgressBar(file=out, bar=True, ncols=300)])
+    text = out.getvalue()
+    assert "Epoch 1/1:" in text and "1/2" in text
     for key in ("loss=", "accuracy=", "seq/s=", "steps/s="):
-        assert key in err
+        assert key in text
+
+
+def test_the_epoch_line_shows_every_metric_uncut_with_validation(capsys):
+    """The default bar (verbose="auto") ends each epoch with one line holding every
+    logged value, validation included, however many there are (it used to be cut at
+    the terminal's width before the validation metrics)."""
+    x, y = _data(16)
+    trainer = _trainer(metrics=["accuracy", "acc", "sparse_categorical_accuracy"])
+    trainer.fit(x, y, batch_size=8, epochs=2, validation_data=(x[:8], y[:8]))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Epoch ")]
+    assert len(lines) == 2  # not a terminal: no bar, one line per epoch
+    for key in ("loss", "accuracy", "acc", "sparse_categorical_accuracy", "val_loss", "val_accuracy", "val_acc",
+                "val_sparse_categorical_accuracy"):
+        assert f" - {key}: " in lines[-1]
+    assert lines[-1].startswith("Epoch 2/2 - ")
+    assert len(lines[-1]) > 120  # longer than any terminal it was cut to
+
+
+def test_verbose_two_prints_one_keras_line_per_epoch_and_bad_verbose_fails_first(capsys):
+    x, y = _data(8)
+    trainer = _trainer()
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=2)
+    captured = capsys.readouterr()
+    assert [line.split(" - ")[0] for line in captured.out.splitlines()] == ["Epoch 1/2", "Epoch 2/2"]
+    assert "Epoch" not in captured.err
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert "Epoch" not in capsys.readouterr().err
+    for bad in (3, "yes", True, None):
+        with pytest.raises(ConfigError, match=r"verbose must be 'auto', 0 .*, got"):
+            trainer.fit(x, y, epochs=1, verbose=bad)
 
 
 def _events(folder):

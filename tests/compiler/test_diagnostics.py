@@ -1,4 +1,4 @@
-"""Diagnostics (etrace_fit/compiler/diagnostics.py): the kinds DESIGN.md §4.5 asks for,
+"""Diagnostics (etrace_fit/compiler/diagnostics.py): the kinds docs/theory.md §4.5 asks for,
 their levels, and that compiling records instead of warning."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from etrace_fit.compiler import Diagnostic, DiagnosticKind, Level, format_path
 
 from ._helpers import B, I, N, alif_net, gru, linear, lstm
 
-# DESIGN.md §4.5: "relation included; excluded: no param state, non-temporal, shape
+# docs/theory.md §4.5: "relation included; excluded: no param state, non-temporal, shape
 # mismatch, weight-to-weight; partial path; primitive inside control flow; primitive
 # inside nested jit; multi-output primitive; ambiguous pytree leaf; state mismatch;
 # param written in step".

@@ -23,15 +23,17 @@ def test_mse_averages_over_features_per_sample():
 def test_a_callable_loss_is_used_as_given_and_unknown_names_list_the_valid_ones():
     fn = lambda o, t: jnp.zeros(o.shape[0])  # noqa: E731
     assert get_loss(fn) is fn
-    with pytest.raises(ConfigError, match="cross_entropy, mse"):
+    with pytest.raises(ConfigError, match=r"loss: unknown 'hinge'; valid names: cross_entropy, .*mse.*or a callable"):
         get_loss("hinge")
+    with pytest.raises(ConfigError, match="loss: unknown 3"):
+        get_loss(3)
 
 
 def test_accuracy_and_custom_metrics():
     metrics = get_metrics(["accuracy", "mse", jax.nn.relu])
     assert list(metrics) == ["accuracy", "mse", "relu"]
     np.testing.assert_array_equal(metrics["accuracy"](LOGITS, LABELS), [1.0, 0.0])
-    with pytest.raises(ConfigError, match="accuracy, mse"):
+    with pytest.raises(ConfigError, match=r"metrics: unknown 'f1'; valid names: accuracy, .*mse"):
         get_metrics(["f1"])
     with pytest.raises(ConfigError, match="twice"):
         get_metrics(["accuracy", "accuracy"])
@@ -46,3 +48,38 @@ def test_labels_out_of_range_or_not_integers_are_shape_errors():
         check_labels(np.array([-1, 0]), 2)
     with pytest.raises(ShapeError, match="integer"):
         check_labels(np.array([0.0, 1.0]), 2)
+
+
+def test_keras_loss_and_metric_names_are_the_same_functions_and_log_under_the_given_name():
+    from etrace_fit.training.losses import categorical_cross_entropy, cross_entropy, mae, mse
+    from etrace_fit.training.metrics import accuracy
+
+    assert get_loss("sparse_categorical_crossentropy") is cross_entropy
+    assert get_loss("mean_squared_error") is mse and get_loss("mean_absolute_error") is mae
+    assert get_loss("categorical_crossentropy") is categorical_cross_entropy
+    onehot = jax.nn.one_hot(LABELS, 3)
+    np.testing.assert_allclose(categorical_cross_entropy(LOGITS, onehot), cross_entropy(LOGITS, LABELS), rtol=1e-6)
+    out, target = jnp.array([[1.0, -1.0], [0.0, 2.0]]), jnp.array([[0.0, 0.0], [0.0, 0.0]])
+    np.testing.assert_allclose(mae(out, target), [1.0, 1.0])
+    metrics = get_metrics(["acc", "sparse_categorical_accuracy", "categorical_accuracy", "mae"])
+    assert list(metrics) == ["acc", "sparse_categorical_accuracy", "categorical_accuracy", "mae"]
+    assert metrics["acc"] is accuracy and metrics["sparse_categorical_accuracy"] is accuracy
+    np.testing.assert_array_equal(metrics["categorical_accuracy"](LOGITS, onehot), accuracy(LOGITS, LABELS))
+
+
+def test_spiking_losses_score_spikes_per_step_and_validate_their_rates():
+    from etrace_fit.training.spiking import spike_rate_cross_entropy, spike_rate_mse
+
+    spikes = jnp.array([[1.0, 0.0], [0.0, 0.0]])
+    labels = jnp.array([0, 1])
+    ce = get_loss("spike_rate_cross_entropy")(spikes, labels)
+    # sample 0: the labelled neuron fired (logits 5, 0); sample 1: silence (logits equal: ln 2)
+    np.testing.assert_allclose(ce, [np.log1p(np.exp(-5.0)), np.log(2.0)], rtol=1e-5)
+    mse_ = spike_rate_mse(correct_rate=1.0, incorrect_rate=0.0)(spikes, labels)
+    np.testing.assert_allclose(mse_, [0.0, 1.0])
+    np.testing.assert_allclose(get_loss("spike_rate_mse")(spikes, labels), [0.2 ** 2 + 0.1 ** 2, 0.1 ** 2 + 0.8 ** 2],
+                               rtol=1e-6)
+    with pytest.raises(ConfigError, match=r"correct_rate must be a rate in \[0, 1\].*got 3"):
+        spike_rate_mse(correct_rate=3)
+    with pytest.raises(ConfigError, match="scale must be positive"):
+        spike_rate_cross_entropy(scale=0.0)

@@ -86,8 +86,8 @@ def test_update_every_trains_online_inside_the_sequence():
 
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(algo="rtrl"), "'d_rtrl', 'esd_rtrl', 'hybrid', 'bptt'"),
-    (dict(loss="hinge"), "cross_entropy, mse"),
-    (dict(metrics=["f1"]), "accuracy, mse"),
+    (dict(loss="hinge"), "cross_entropy, sparse_categorical_crossentropy"),
+    (dict(metrics=["f1"]), "accuracy, acc, "),
     (dict(loss_on="first"), "last, all, mask"),
     (dict(update_every=0), "update_every"),
 ])

@@ -1,0 +1,55 @@
+"""Optimizers by Keras name: ``Trainer(model, optimizer="adam")``.
+
+Each name maps to the optax optimizer with Keras' default learning rate, built with
+``optax.inject_hyperparams`` so that ``trainer.learning_rate`` (and the learning-rate
+callbacks) can read and change it. An optax ``GradientTransformation`` is used as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from ..errors import ConfigError
+
+__all__ = ["OPTIMIZERS", "get_optimizer"]
+
+#: Keras name → (optax factory, Keras' default learning rate).
+OPTIMIZERS: dict[str, tuple[Any, float]] = {
+    "adam": (optax.adam, 1e-3),
+    "adamw": (optax.adamw, 1e-3),
+    "adamax": (optax.adamax, 1e-3),
+    "nadam": (optax.nadam, 1e-3),
+    "sgd": (optax.sgd, 1e-2),
+    "rmsprop": (optax.rmsprop, 1e-3),
+    "adagrad": (optax.adagrad, 1e-3),
+    "adadelta": (optax.adadelta, 1e-3),
+    "lion": (optax.lion, 1e-3),
+}
+
+
+def get_optimizer(optimizer: Any, learning_rate: float | None = None) -> optax.GradientTransformation:
+    """The optax optimizer for a Keras name (any case: ``"Adam"``, ``"sgd"``) at
+    ``learning_rate`` (default: Keras'), or ``optimizer`` itself if it is an optax
+    ``GradientTransformation``; ``None`` is ``"adam"``. Anything else is a
+    :class:`ConfigError` naming the valid names."""
+    if optimizer is None:
+        optimizer = "adam"
+    if isinstance(optimizer, str):
+        name = optimizer.lower()
+        if name not in OPTIMIZERS:
+            raise ConfigError(f"optimizer: unknown name {optimizer!r}; valid names: {', '.join(OPTIMIZERS)}, or an "
+                              f"optax GradientTransformation such as optax.adam(1e-3)")
+        factory, default = OPTIMIZERS[name]
+        rate = default if learning_rate is None else learning_rate
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
+            raise ConfigError(f"learning_rate must be a positive number, got {learning_rate!r}")
+        return optax.inject_hyperparams(factory)(learning_rate=float(rate))
+    if learning_rate is not None:
+        raise ConfigError("learning_rate applies to an optimizer given by name; an optax optimizer carries its own "
+                          "(optax.adam(learning_rate))")
+    if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        raise ConfigError(f"optimizer must be a Keras name ({', '.join(OPTIMIZERS)}) or an optax "
+                          f"GradientTransformation, got {type(optimizer).__name__}")
+    return optimizer

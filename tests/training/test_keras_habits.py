@@ -1,0 +1,277 @@
+"""Keras habits work, or fail in the constructor / before training with an error that
+names the argument, what is allowed and what came (issue 12, "Why" items 2, 4, 5, 6).
+
+Every gradient-carrying check compares two runs of our own Trainer that must be equal
+by the algebra of the loss (a weight of 2 on every sample = a learning rate twice as
+large under SGD), so no reference implementation is needed.
+"""
+
+import io
+import os
+import warnings
+
+import brainstate
+import jax
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.callbacks import Callback, CSVLogger, TensorBoard
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import ConfigError, ShapeError
+
+C, H, T = 4, 8, 12
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            yield
+
+
+def _data(n=16, seed=0):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
+
+
+def _model(readout=None):
+    rng = np.random.default_rng(0)
+    readout = readout or L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32))
+    return ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H), readout)
+
+
+def _weights(trainer):
+    return jax.tree.map(np.asarray, trainer.get_weights())
+
+
+def _assert_trees_close(a, b, **kwargs):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, **kwargs)
+
+
+# ------------------------------------------------------------------ names as strings
+@pytest.mark.parametrize("name, rate", [("adam", 1e-3), ("Adam", 1e-3), ("sgd", 1e-2), ("rmsprop", 1e-3),
+                                        ("adamw", 1e-3)])
+def test_optimizer_by_keras_name_has_keras_default_rate_and_a_settable_learning_rate(name, rate):
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer=name, loss="sparse_categorical_crossentropy", metrics=["acc"])
+    history = trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert set(history.history) == {"loss", "acc", "learning_rate"}
+    assert trainer.learning_rate == pytest.approx(rate)
+    trainer.learning_rate = 0.5 * rate
+    assert trainer.learning_rate == pytest.approx(0.5 * rate)
+
+
+def test_an_optimizer_name_is_saved_and_reloaded_by_name(tmp_path):
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer="sgd")
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer.save(tmp_path / "run.ckpt")
+    again = ef.Trainer.load(tmp_path / "run.ckpt", _model())
+    assert again.config["optimizer"] == "sgd" and again.learning_rate == pytest.approx(1e-2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(optimizer="adamm"), r"optimizer: unknown name 'adamm'; valid names: adam, .*sgd"),
+    (dict(optimizer=3), r"optimizer must be a Keras name .* or an optax GradientTransformation, got int"),
+    (dict(loss="hinge"), r"loss: unknown 'hinge'; valid names: cross_entropy"),
+    (dict(metrics="accuracy"), r"metrics must be a list .* got the string 'accuracy'; write metrics=\['accuracy'\]"),
+    (dict(metrics=["f1"]), r"metrics: unknown 'f1'"),
+])
+def test_bad_names_fail_in_the_constructor_naming_the_argument(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ef.Trainer(_model(), **kwargs)
+
+
+def test_tensorboard_update_freq_takes_keras_values_and_rejects_others_in_the_constructor(tmp_path):
+    assert TensorBoard(str(tmp_path), update_freq="epoch").update_freq == 0
+    assert TensorBoard(str(tmp_path), update_freq="batch").update_freq == 1
+    assert TensorBoard(str(tmp_path), update_freq=5).update_freq == 5
+    for bad in ("step", -1, 1.5):
+        with pytest.raises(ConfigError, match=r"TensorBoard: update_freq must be 'epoch', 'batch' or an int >= 0"):
+            TensorBoard(str(tmp_path), update_freq=bad)
+    with pytest.raises(ConfigError, match="TensorBoard: histogram_freq must be an int >= 0"):
+        TensorBoard(str(tmp_path), histogram_freq="epoch")
+
+
+# ------------------------------------------------------------------ callbacks, History
+def test_callbacks_see_the_trainer_as_self_model_and_the_fit_params():
+    seen = {}
+
+    class Probe(Callback):
+        def on_train_begin(self, logs=None):
+            seen["model"], seen["params"] = self.model, dict(self.params)
+
+    x, y = _data(16)
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Probe()])
+    assert seen["model"] is trainer
+    assert seen["params"] == {"verbose": 0, "epochs": 2, "steps": 2}
+    probe = Probe()
+    probe.set_model(trainer)
+    with pytest.warns(DeprecationWarning, match="Callback.trainer is deprecated .* use self.model"):
+        assert probe.trainer is trainer
+    with pytest.warns(DeprecationWarning, match="set_trainer is deprecated"):
+        probe.set_trainer(trainer)
+
+
+def test_every_fit_returns_a_new_history_with_its_params():
+    x, y = _data(16)
+    trainer = ef.Trainer(_model())
+    first = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    second = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y))
+    assert first is not second and trainer.history is second
+    assert first.epoch == [0, 1] and second.epoch == [0, 1]  # was [0, 1, 0, 1]
+    assert len(second.history["loss"]) == len(second.history["val_loss"]) == 2
+    assert second.params == {"verbose": 0, "epochs": 2, "steps": 2} and second.model is trainer
+
+
+def test_initial_epoch_continues_a_run_and_validation_freq_picks_the_epochs():
+    x, y = _data(16)
+    trainer = ef.Trainer(_model())
+    history = trainer.fit(x, y, batch_size=8, epochs=5, initial_epoch=2, validation_data=(x, y),
+                          validation_freq=2, verbose=0)
+    assert history.epoch == [2, 3, 4]
+    assert len(history.history["loss"]) == 3 and len(history.history["val_loss"]) == 1  # epoch 4 (1-based)
+    history = trainer.fit(x, y, batch_size=8, epochs=3, validation_data=(x, y), validation_freq=[1, 3], verbose=0)
+    assert len(history.history["val_loss"]) == 2
+    for bad in (0, "often", 1.5):
+        with pytest.raises(ConfigError, match="validation_freq must be an int >= 1 or a list of epochs"):
+            trainer.fit(x, y, epochs=1, validation_data=(x, y), validation_freq=bad, verbose=0)
+    with pytest.raises(ConfigError, match="initial_epoch must be an int >= 0"):
+        trainer.fit(x, y, epochs=1, initial_epoch=-1, verbose=0)
+
+
+# ------------------------------------------------------------------ weights on the loss
+def _one_sgd_step(**fit_kwargs):
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer=optax.sgd(fit_kwargs.pop("lr", 0.5)), algo="bptt")
+    history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, **fit_kwargs)
+    return _weights(trainer), history.history
+
+
+def test_sample_weight_scales_the_loss_and_gradient_but_not_the_metrics():
+    plain, plain_logs = _one_sgd_step()
+    doubled, doubled_logs = _one_sgd_step(sample_weight=np.full(8, 2.0))
+    faster, _ = _one_sgd_step(lr=1.0)
+    _assert_trees_close(doubled, faster, rtol=1e-5, atol=1e-7)
+    assert doubled_logs["loss"][0] == pytest.approx(2 * plain_logs["loss"][0], rel=1e-5)
+    assert doubled_logs["accuracy"] == plain_logs["accuracy"]
+    frozen, logs = _one_sgd_step(sample_weight=np.zeros(8))
+    _assert_trees_close(frozen, _weights(ef.Trainer(_model())), atol=0)
+    assert logs["loss"][0] == 0.0
+    per_step = np.zeros((8, T))
+    per_step[:, -1] = 2.0  # (N, T): only the last step counts with loss_on="last"
+    _assert_trees_close(_one_sgd_step(sample_weight=per_step)[0], faster, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ShapeError, match=r"sample_weight has 3 entries for 8 samples"):
+        _one_sgd_step(sample_weight=np.ones(3))
+
+
+def test_class_weight_scales_each_samples_loss_by_its_label():
+    x, y = _data(8)
+    weights = np.where(y == 0, 3.0, 1.0)
+    by_class, _ = _one_sgd_step(class_weight={0: 3.0})
+    by_sample, _ = _one_sgd_step(sample_weight=weights)
+    _assert_trees_close(by_class, by_sample, rtol=1e-6, atol=1e-8)
+    with pytest.raises(ConfigError, match=r"class_weight keys must be class indices"):
+        _one_sgd_step(class_weight={"cat": 2.0})
+    with pytest.raises(ConfigError, match=r"class_weight must be a non-empty dict"):
+        _one_sgd_step(class_weight=[1.0, 2.0])
+
+
+def test_shuffle_batch_shuffles_whole_batches_and_bad_values_fail():
+    from etrace_fit.training.data import batches
+
+    x = np.arange(10)[:, None, None].astype(np.float32) * np.ones((1, 2, 1), np.float32)
+    got = [b.x[:, 0, 0].astype(int).tolist() for b in batches(x, batch_size=4, shuffle="batch", seed=3)]
+    assert sorted(map(tuple, got)) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)]
+    assert any([b.x[:, 0, 0].astype(int).tolist() for b in batches(x, batch_size=4, shuffle="batch", seed=s)]
+               != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] for s in range(5))
+    xd, yd = _data(8)
+    with pytest.raises(ConfigError, match=r"shuffle must be True, False or 'batch'"):
+        ef.Trainer(_model()).fit(xd, yd, epochs=1, shuffle="sometimes", verbose=0)
+
+
+# ------------------------------------------------------------------ layouts, shapes
+def test_time_major_arrays_train_like_batch_major_ones_and_a_mixup_is_named():
+    x, y = _data(16)
+    batch_major = ef.Trainer(_model(), optimizer="sgd", algo="bptt")
+    batch_major.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    time_major = ef.Trainer(_model(), optimizer="sgd", algo="bptt", time_major=True)
+    time_major.fit(np.swapaxes(x, 0, 1), y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                   validation_data=(np.swapaxes(x, 0, 1), y))
+    _assert_trees_close(_weights(batch_major), _weights(time_major), rtol=1e-6, atol=1e-8)
+    assert time_major.predict(np.swapaxes(x, 0, 1)).shape == (16, 2)
+    assert time_major.evaluate(np.swapaxes(x, 0, 1), y).keys() == {"loss", "accuracy"}
+    with pytest.raises(ShapeError, match=r"time_major=True reads x of shape \(16, 12, 4\) as \(time=16, batch=12.*"
+                                         r"x looks batch-major: pass time_major=False"):
+        time_major.fit(x, y, epochs=1, verbose=0)
+
+
+def test_record_spikes_of_a_batch_says_to_pass_one_sequence():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model())
+    assert trainer.record_spikes(x[0])["layers.1"].shape == (T, H)
+    with pytest.raises(ShapeError, match=r"record_spikes: x must be one sequence \(time, features\), got shape "
+                                         r"\(2, 12, 4\); this looks like a batch of sequences: pass one, e.g. x\[0\]"):
+        trainer.record_spikes(x[:2])
+
+
+def test_csv_logger_creates_its_folder(tmp_path):
+    x, y = _data(8)
+    path = tmp_path / "runs" / "deep" / "log.csv"
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[CSVLogger(path)])
+    assert path.read_text().count("\n") == 3
+
+
+def test_summary_lists_layers_params_hidden_states_rules_and_trace_memory():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo="d_rtrl")
+    before = trainer.summary(print_fn=None)
+    assert "layers.1 (LIF)" in before and "V (8,)" in before and "(at first batch)" in before
+    out = io.StringIO()
+    text = trainer.summary(x, print_fn=lambda s: out.write(s))
+    assert out.getvalue() == text
+    assert "layers.0 (Linear)" in text and "weight: d_rtrl" in text and "layers.2 (LeakyRateReadout)" in text
+    assert f"Total params: {C * H + H + H * 2 + 2:,}" in text
+    assert "Trace memory:" in text and "per sample" in text
+    assert "Approximate online gradients: layers.0.weight" in text
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the plan summary(x) made is the one fit uses
+    assert trainer.rules == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
+    bptt = ef.Trainer(_model(), algo="bptt").summary(x, print_fn=None)
+    assert "algo='bptt'" in bptt and "weight: " not in bptt
+
+
+# ------------------------------------------------------------------ spiking readouts
+def test_a_spiking_readout_with_the_loss_on_the_last_step_warns_with_the_fix():
+    x, y = _data(8)
+    model = _model(L.LeakySpikeReadout(H, 2))
+    with pytest.warns(UserWarning, match=r"LeakySpikeReadout emits spikes.*loss_on='all' with "
+                                         r"loss='spike_rate_cross_entropy'"):
+        ef.Trainer(model).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ef.Trainer(model, loss="spike_rate_cross_entropy", loss_on="all").fit(x, y, batch_size=8, epochs=1,
+                                                                              verbose=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["spike_rate_cross_entropy", "spike_rate_mse"])
+def test_a_spiking_readout_learns_with_a_rate_loss_on_every_step(loss):
+    x, y = _data(128, seed=1)
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, 32, w_init=rng.normal(0, 1.0, (C, 32)).astype(np.float32)), L.LIF(32),
+                          L.LeakySpikeReadout(32, 2, w_init=np.abs(rng.normal(0, 0.5, (32, 2))).astype(np.float32)))
+    trainer = ef.Trainer(model, optimizer=optax.adam(1e-2), loss=loss, loss_on="all", metrics=[])
+
+    def count_accuracy():  # the class is the readout neuron with the most spikes
+        counts = trainer.predict(x, last_only=False).sum(axis=1)
+        return float(np.mean(np.argmax(counts, axis=1) == y))
+
+    before = count_accuracy()
+    history = trainer.fit(x, y, batch_size=32, epochs=10, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+    assert before < 0.7 and count_accuracy() > 0.9
