@@ -143,7 +143,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     callbacks, logdir = [], None
     if args.logdir.lower() != "none":
         logdir = Path(args.logdir) / f"{task.name}-{args.algo}-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        callbacks.append(TensorBoard(str(logdir), histogram_freq=max(1, epochs // 5)))
+        callbacks.append(TensorBoard(str(logdir), histogram_freq=max(1, epochs // 5), hparams={"task": task.name}))
     if args.verbose:
         print(f"etrace-fit: task {task.name}, algo {args.algo}, {samples} training / {task.val_samples} validation "
               f"sequences of {x.shape[1]} steps, {epochs} epochs", flush=True)

@@ -4,8 +4,9 @@ spelled out for your own model and data.
 The network is ``Linear → LIF → LeakyRateReadout`` on the built-in rate-discrimination
 task; the loss is the cross-entropy of the readout at the last step. ``--algo`` picks
 the rule: ``hybrid`` (default, online: memory flat in the sequence length), ``d_rtrl``,
-``esd_rtrl``, or ``bptt`` for comparison. Logs go to ``runs/example`` (TensorBoard) and
-``runs/example.csv``.
+``esd_rtrl``, or ``bptt`` for comparison. Each run logs to its own folder,
+``runs/example-<algo>-seed<seed>-<time>/`` (TensorBoard's train / validation runs and
+``log.csv``), so runs sit side by side in ``tensorboard --logdir runs``.
 
     python examples/train.py [--algo hybrid] [--epochs 8] [--seed 0]
 """
@@ -13,6 +14,8 @@ the rule: ``hybrid`` (default, online: memory flat in the sequence length), ``d_
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 import brainstate
 import optax
@@ -42,15 +45,21 @@ def main(argv: list[str] | None = None) -> float:
         layers.LeakyRateReadout(64, 2, tau=20.0),
     )
     trainer = ef.Trainer(model, algo=args.algo, optimizer=optax.adam(3e-3), seed=args.seed)
+    run = Path(args.logdir) / f"example-{args.algo}-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 1
+    while run.exists():  # two runs in the same second
+        suffix += 1
+        run = run.with_name(f"{run.name.rsplit('~', 1)[0]}~{suffix}")
     history = trainer.fit(
         x, y, batch_size=32, epochs=args.epochs, validation_data=(x_val, y_val),
-        callbacks=[callbacks.TensorBoard(f"{args.logdir}/example"), callbacks.CSVLogger(f"{args.logdir}/example.csv"),
+        callbacks=[callbacks.TensorBoard(run, hparams={"task": "rate_discrimination"}),
+                   callbacks.CSVLogger(run / "log.csv"),
                    callbacks.EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True)],
         verbose=2,
     )
     print(trainer.report())
     accuracy = history.history["val_accuracy"][-1]
-    print(f"{args.algo}: final validation accuracy {accuracy:.3f}")
+    print(f"{args.algo}: final validation accuracy {accuracy:.3f}; logs in {run}")
     return accuracy
 
 

@@ -36,7 +36,8 @@ def test_a_short_train_prints_the_accuracy_and_where_the_logs_are(tmp_path, caps
     runs = list(tmp_path.iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("rate-hybrid-seed3-")
     assert f"TensorBoard logs: {runs[0]}" in out
-    assert any("tfevents" in p.name for p in runs[0].iterdir())
+    assert any("tfevents" in p.name for p in (runs[0] / "train").iterdir())
+    assert any("tfevents" in p.name for p in (runs[0] / "validation").iterdir())
 
 
 def test_logdir_none_writes_no_logs(tmp_path, capsys, restore_dt, monkeypatch):

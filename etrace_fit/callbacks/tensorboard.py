@@ -1,49 +1,109 @@
-"""``TensorBoard``: scalars, histograms, spike rasters, the compile report and
-hyperparameters (tensorboardX)."""
+"""``TensorBoard``: scalars, norms, histograms, spike rasters, firing statistics, the
+model summary and compile report, and one HParams entry per run (tensorboardX)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+import warnings
+from typing import Any, Mapping
 
 import numpy as np
 
-from .base import Callback
+from .base import Callback, Monitor
+from .raster import firing_statistics, has_matplotlib, raster_figure, raster_image
 
-__all__ = ["TensorBoard"]
+__all__ = ["TensorBoard", "layer_labels", "readable_tag"]
+
+#: Samples whose spikes give the firing statistics each epoch (the raster shows the first).
+RASTER_SAMPLES = 8
+
+
+def layer_labels(model: Any) -> dict[str, str]:
+    """``{"layers.1": "ALIF_1", ...}``: each submodule's path → a readable label, its
+    type and index (``Type_i``) or attribute name, nested labels joined by ``/``."""
+    nodes = dict(model.nodes())
+    labels: dict[tuple, str] = {}
+    for path in sorted((p for p in nodes if p), key=len):
+        key = path[-1]
+        own = f"{type(nodes[path]).__name__}_{key}" if isinstance(key, int) else str(key)
+        parent = next((labels[path[:k]] for k in range(len(path) - 1, 0, -1) if path[:k] in labels), None)
+        labels[path] = own if parent is None else f"{parent}/{own}"
+    return {".".join(str(p) for p in path): label for path, label in labels.items()}
+
+
+def readable_tag(path: str, leaf: str = "", labels: Mapping[str, str] | None = None) -> str:
+    """``"layers.0.weight"`` with leaf ``"weight"`` → ``"Linear_0/kernel"``: the owning
+    layer's label, then the state name (a ``weight`` state's leaves alone, with Keras'
+    ``kernel`` for the matrix)."""
+    owner, _, name = path.rpartition(".")
+    head = (labels or {}).get(owner, owner or name)
+    if name == "weight" and leaf:
+        return f"{head}/{'kernel' if leaf == 'weight' else leaf}"
+    return f"{head}/{name}" + (f"/{leaf}" if leaf else "")
+
+
+def _hparam_value(value: Any) -> Any:
+    """A value the HParams dashboard shows as written: floats as numbers, ints (seed,
+    epochs, batch size) and everything else as text."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return value
+    if value is None:
+        return "none"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else str(value)
 
 
 class TensorBoard(Callback):
-    """Writes TensorBoard event files under ``log_dir`` (tensorboardX).
+    """Writes TensorBoard event files under ``log_dir`` (tensorboardX), as Keras does:
+    ``log_dir/train`` and ``log_dir/validation`` sub-runs with the same tags, so the two
+    curves overlay.
 
-    Every epoch: each logged value as ``epoch/<key>`` (loss, metrics, ``val_*``,
-    ``learning_rate``) and ``epoch/sequences_per_second``. Every ``update_freq`` batches:
-    ``batch/loss``. Every ``histogram_freq`` epochs, histograms of every weight
-    (``weights/<path>``), of the epoch's last batch's gradient (``gradients/<path>``;
-    not with ``update_every``, where updates happen inside the sequence) and of its
-    per-sample eligibility-trace norms at the end of the sequence
-    (``trace_norms/<path>``, one value per sequence; none for BPTT). Every
-    ``raster_freq`` epochs, for models with spiking layers: an image per spiking layer
-    (``spikes/<path>``, neurons × time, white = spike) of one validation sequence (a
-    training sequence without validation data). Once, after the first epoch: a text
-    dashboard with the trainer's compile report (rule and trace memory per weight) and
-    the trainer's configuration as hyperparameters.
+    Every epoch: each logged value as ``epoch/<key>`` (``val_<key>`` goes to the
+    validation run as ``epoch/<key>``), ``epoch/sequences_per_second``; the last batch's
+    gradient norms (``norms/gradient`` over all weights and ``norms/gradient/<layer>``)
+    and ``norms/trace_log10/<weight>`` (log10 of the largest per-sample
+    eligibility-trace norm; none for BPTT); for spiking models ``firing/rate/<layer>``
+    (spikes per neuron and step), ``firing/silent_fraction/<layer>`` and
+    ``firing/saturated_fraction/<layer>`` (neurons firing on ≥ 90 % of the steps) over
+    a few validation sequences. Every ``histogram_freq`` epochs and at the last one:
+    histograms of the weights (``weights/Linear_0/kernel``), the last batch's gradients
+    (``gradients/...``; not with ``update_every``) and ``trace_norms_log10/...``. Every
+    ``raster_freq`` epochs and at the last one: ``spikes/raster``, a figure with the
+    input raster beside each spiking layer's, labelled axes, titled with the sequence's
+    label and the prediction (matplotlib; without it ``spikes/raster`` is a plain image,
+    input on top). After the first epoch: the model summary and the compile report in
+    the text dashboard. At the end: one HParams entry for the run (in the train run, no
+    twin folder) with every hyperparameter — optimizer, learning rate, epochs, batch
+    size, algo, loss, ``loss_on``, decay, seed, and ``hparams`` you pass (e.g. the task)
+    — and the final and best value of every logged key (``hparam/final_val_accuracy``,
+    ``hparam/best_val_accuracy``, ...).
 
     Args:
-        log_dir: the folder for event files.
+        log_dir: the run's folder (created); give each run its own.
         update_freq: ``"epoch"`` (no per-batch points, Keras' default), ``"batch"`` (a
             ``batch/loss`` point every batch) or an int ``n`` (every ``n`` batches).
-        histogram_freq: epochs between histograms (0: none).
-        raster_freq: epochs between spike rasters (0: none; default ``histogram_freq``).
+        histogram_freq: epochs between histograms (0: none, except at the last epoch
+            unless ``final_histograms=False``).
+        raster_freq: epochs between spike rasters (default ``histogram_freq``).
+        hparams: extra hyperparameters for the HParams entry (``{"task": "shd"}``).
+        final_histograms: also write histograms and rasters at the last epoch.
+        legacy_tags: also write the tags of 0.2 (``epoch/val_loss`` in one run,
+            ``weights/layers.0.weight/weight``); deprecated, removed in 0.4.
 
     Example::
 
-        trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence")])
+        trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence-1", hparams={"task": "evidence"})])
     """
 
     def __init__(self, log_dir: str = "runs", update_freq: int | str = "epoch", histogram_freq: int = 1,
-                 raster_freq: int | None = None):
+                 raster_freq: int | None = None, hparams: Mapping[str, Any] | None = None,
+                 final_histograms: bool = True, legacy_tags: bool = False):
         from ..errors import ConfigError
 
         if update_freq == "epoch":
@@ -56,17 +116,32 @@ class TensorBoard(Callback):
         for name, value in (("histogram_freq", histogram_freq), ("raster_freq", raster_freq)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ConfigError(f"TensorBoard: {name} must be an int >= 0 (epochs between; 0: never), got {value!r}")
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise ConfigError(f"TensorBoard: hparams must be a dict {{name: value}}, got {type(hparams).__name__}")
+        if legacy_tags:
+            warnings.warn("TensorBoard(legacy_tags=True) writes the tags of 0.2 as well; they are removed in 0.4 "
+                          "(see CHANGELOG.md)", DeprecationWarning, stacklevel=2)
         self.log_dir, self.update_freq, self.histogram_freq = os.fspath(log_dir), update_freq, histogram_freq
         self.raster_freq = histogram_freq if raster_freq is None else raster_freq
-        self._writer = None
+        self.hparams, self.final_histograms, self.legacy_tags = dict(hparams or {}), final_histograms, legacy_tags
+        self._writers: dict[str, Any] = {}
         self._global_batch = 0
         self._dashboard_written = False
 
-    def on_train_begin(self, logs=None):
-        from tensorboardX import SummaryWriter
+    # ------------------------------------------------------------------ writers
+    def _writer(self, run: str):
+        if run not in self._writers:
+            from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(self.log_dir)
+            self._writers[run] = SummaryWriter(os.path.join(self.log_dir, run))
+        return self._writers[run]
+
+    def on_train_begin(self, logs=None):
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._writer("train")
         self._dashboard_written = False
+        self._labels = layer_labels(self.model.model)
+        self._first_rate = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start, self._sequences = time.perf_counter(), 0
@@ -77,56 +152,160 @@ class TensorBoard(Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._global_batch += 1
         if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in (logs or {}):
-            self._writer.add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+            self._writer("train").add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+
+    def _is_last(self, epoch: int) -> bool:
+        return epoch + 1 >= int(self.params.get("epochs") or 0) or bool(self.model.stop_training)
 
     def on_epoch_end(self, epoch, logs=None):
-        for key, value in (logs or {}).items():
-            self._writer.add_scalar(f"epoch/{key}", float(value), epoch)
+        logs = dict(logs or {})
+        train, trainer = self._writer("train"), self.model
+        for key, value in logs.items():
+            run, tag = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
+            self._writer(run).add_scalar(f"epoch/{tag}", float(value), epoch)
+            if self.legacy_tags:
+                train.add_scalar(f"epoch/{key}", float(value), epoch)
+        if self._first_rate is None and "learning_rate" in logs:
+            self._first_rate = float(logs["learning_rate"])
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        self._writer.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
-        if self.histogram_freq and epoch % self.histogram_freq == 0:
+        train.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
+        self._norms(epoch)
+        last = self.final_histograms and self._is_last(epoch)
+        if (self.histogram_freq and epoch % self.histogram_freq == 0) or last:
             self._histograms(epoch)
-        if self.raster_freq and epoch % self.raster_freq == 0:
-            self._rasters(epoch)
+        self._spiking(epoch, raster=bool(self.raster_freq and epoch % self.raster_freq == 0) or last)
         if not self._dashboard_written:
             self._dashboard_written = True
-            self._writer.add_text("compile_report", "```\n" + self.model.report() + "\n```", epoch)
-            config = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in self.model.config.items()
-                      if v is not None}
-            self._writer.add_hparams(config, {f"hparam/{k}": float(v) for k, v in (logs or {}).items()},
-                                     name="hparams")
-        self._writer.flush()
+            summary = trainer.summary(print_fn=None)
+            train.add_text("model_summary", "```\n" + summary + "\n```", epoch)
+            train.add_text("compile_report", "```\n" + trainer.report() + "\n```", epoch)
+        for writer in self._writers.values():
+            writer.flush()
 
-    def _histogram_tree(self, prefix: str, tree: dict, epoch: int) -> None:
+    # ------------------------------------------------------------------ pieces
+    def _tag(self, path: Any, leaf: str = "") -> str:
+        name = path if isinstance(path, str) else ".".join(str(p) for p in path)
+        return readable_tag(name, leaf, self._labels)
+
+    def _leaves(self, tree: Mapping) -> list[tuple[Any, str, np.ndarray]]:
+        out = []
         for path, value in tree.items():
-            name = path if isinstance(path, str) else ".".join(str(p) for p in path)
-            leaves = value.items() if isinstance(value, dict) else [("", value)]
-            for leaf, array in leaves:
-                values = np.asarray(array, np.float64).ravel()
-                values = values[np.isfinite(values)]  # a histogram of inf / NaN is an error in tensorboardX
-                if values.size:
-                    self._writer.add_histogram(f"{prefix}/{name}{'/' + leaf if leaf else ''}", values, epoch)
+            items = value.items() if isinstance(value, dict) else [("", value)]
+            out.extend((path, leaf, np.asarray(array, np.float64)) for leaf, array in items)
+        return out
+
+    def _norms(self, epoch: int) -> None:
+        train, trainer = self._writer("train"), self.model
+        if trainer.last_gradients is not None:
+            per_layer: dict[str, float] = {}
+            for path, leaf, array in self._leaves(trainer.last_gradients):
+                layer = self._tag(path, leaf).rsplit("/", 1)[0]
+                per_layer[layer] = per_layer.get(layer, 0.0) + float(np.sum(array ** 2))
+            total = math.sqrt(sum(per_layer.values()))
+            if math.isfinite(total):
+                train.add_scalar("norms/gradient", total, epoch)
+            for layer, squared in per_layer.items():
+                if math.isfinite(squared):
+                    train.add_scalar(f"norms/gradient/{layer}", math.sqrt(squared), epoch)
+        for path, norms in (trainer.last_trace_norms or {}).items():
+            largest = float(np.max(np.asarray(norms, np.float64)))
+            if math.isfinite(largest) and largest > 0:
+                train.add_scalar(f"norms/trace_log10/{self._tag(path, 'weight')}", math.log10(largest), epoch)
+
+    def _histogram(self, tag: str, values: np.ndarray, epoch: int) -> None:
+        values = values.ravel()
+        values = values[np.isfinite(values)]  # a histogram of inf / NaN is an error in tensorboardX
+        if values.size:
+            self._writer("train").add_histogram(tag, values, epoch)
 
     def _histograms(self, epoch: int) -> None:
         trainer = self.model
-        self._histogram_tree("weights", trainer.get_weights(), epoch)
+        for path, leaf, array in self._leaves(trainer.get_weights()):
+            self._histogram(f"weights/{self._tag(path, leaf)}", array, epoch)
+            if self.legacy_tags:
+                name = ".".join(str(p) for p in path)
+                self._histogram(f"weights/{name}{'/' + leaf if leaf else ''}", array, epoch)
         if trainer.last_gradients is not None:
-            self._histogram_tree("gradients", trainer.last_gradients, epoch)
-        if trainer.last_trace_norms:
-            self._histogram_tree("trace_norms", trainer.last_trace_norms, epoch)
+            for path, leaf, array in self._leaves(trainer.last_gradients):
+                self._histogram(f"gradients/{self._tag(path, leaf)}", array, epoch)
+        for path, norms in (trainer.last_trace_norms or {}).items():
+            norms = np.asarray(norms, np.float64)
+            self._histogram(f"trace_norms_log10/{self._tag(path, 'weight')}", np.log10(norms[norms > 0]), epoch)
 
-    def _rasters(self, epoch: int) -> None:
+    def _samples(self) -> tuple[np.ndarray, Any]:
+        """Up to RASTER_SAMPLES sequences (validation ones if ``fit`` had them) and the
+        first one's label."""
+        trainer = self.model
+        samples = trainer.sample_inputs if getattr(trainer, "sample_inputs", None) is not None \
+            else trainer.sample_input[None]
+        return np.asarray(samples[:RASTER_SAMPLES]), getattr(trainer, "sample_label", None)
+
+    def _spiking(self, epoch: int, raster: bool) -> None:
         trainer = self.model
         if trainer.sample_input is None or not trainer.spiking_layers():
             return
-        for name, spikes in trainer.record_spikes(trainer.sample_input).items():
-            raster = np.asarray(spikes).reshape(spikes.shape[0], -1).T  # (neurons, time)
-            self._writer.add_image(f"spikes/{name}", (raster > 0).astype(np.uint8) * 255, epoch, dataformats="HW")
+        samples, label = self._samples()
+        recorded = [trainer.record_spikes(sample) for sample in samples]
+        train = self._writer("train")
+        for name in recorded[0]:
+            stats = firing_statistics(np.stack([r[name] for r in recorded]))
+            layer = self._labels.get(name, name)
+            for key, value in stats.items():
+                train.add_scalar(f"firing/{key}/{layer}", value, epoch)
+        if not raster:
+            return
+        spikes = {self._labels.get(name, name): value for name, value in recorded[0].items()}
+        prediction = None
+        try:
+            output = trainer.predict(samples[:1] if not trainer.time_major else np.swapaxes(samples[:1], 0, 1),
+                                     verbose=0)
+            prediction = int(np.argmax(output[0])) if np.ndim(output) == 2 and output.shape[1] > 1 else None
+        except Exception:  # a model whose output is not class scores: no prediction in the title
+            prediction = None
+        if has_matplotlib():
+            train.add_figure("spikes/raster", raster_figure(samples[0], spikes, label, prediction), epoch)
+        else:
+            train.add_image("spikes/raster", raster_image(samples[0], spikes), epoch, dataformats="HW")
+
+    # ------------------------------------------------------------------ the end
+    def _hparams(self) -> dict[str, Any]:
+        trainer = self.model
+        config = dict(trainer.config)
+        optimizer = config.pop("optimizer", None) or type(trainer.optimizer).__name__
+        values = {"optimizer": optimizer, "learning_rate": self._first_rate if self._first_rate is not None
+                  else trainer.learning_rate, "epochs": self.params.get("epochs"),
+                  "batch_size": getattr(trainer, "batch_size", None), **config, **self.hparams}
+        return {key: _hparam_value(value) for key, value in values.items()}
+
+    def _metrics(self) -> dict[str, float]:
+        history = self.model.history.history
+        metrics = {}
+        for key, values in history.items():
+            finite = [v for v in values if math.isfinite(v)]
+            if not finite or key == "learning_rate":
+                continue
+            best = max(finite) if Monitor("TensorBoard", key).mode == "max" else min(finite)
+            metrics[f"hparam/final_{key}"] = float(values[-1])
+            metrics[f"hparam/best_{key}"] = float(best)
+        return metrics
 
     def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if not self._writers:
+            return
+        from tensorboardX.summary import hparams
+
+        metrics = self._metrics()
+        if metrics:
+            train = self._writer("train")
+            experiment, start, end = hparams(self._hparams(), metrics)
+            for summary in (experiment, start, end):
+                train.file_writer.add_summary(summary)
+            step = max(self.model.epoch, 0)
+            for tag, value in metrics.items():
+                train.add_scalar(tag, value, step)
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
 
     def state_dict(self):
         return {"global_batch": self._global_batch}

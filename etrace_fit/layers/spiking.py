@@ -145,8 +145,8 @@ class ALIF(_SpikingBase):
     Shapes: ``x: (B, size)`` → spikes ``(B, size)``; states ``V, a: (B, size)``.
 
     Args:
-        size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
-            detach_reset, learn_tau, state_init: as in :class:`LIF`.
+        size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale, detach_reset, learn_tau, state_init: as
+            in :class:`LIF`.
         tau_a: adaptation time constant; learn_tau_a: learn it per neuron.
         beta: adaptation strength ``β``.
 

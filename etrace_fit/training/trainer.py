@@ -288,8 +288,13 @@ class Trainer:
         # (None with update_every) and per-sample trace norms per traced weight.
         self.last_gradients: dict | None = None
         self.last_trace_norms: dict | None = None
-        # One input sequence (T, ...) for dashboards: a validation sample if fit has one.
+        # Input sequences (N, T, ...) for dashboards, validation ones if fit has them;
+        # sample_input is the first, sample_label its label.
         self.sample_input: np.ndarray | None = None
+        self.sample_inputs: np.ndarray | None = None
+        self.sample_label: Any = None
+        self.batch_size: int | None = None
+        self._norms_warned = False
         self._recorder = None
 
     # ------------------------------------------------------------------ pieces
@@ -463,11 +468,14 @@ class Trainer:
         if is_array:
             check_finite(x)
         class_table = None if class_weight is None else self._class_table(class_weight, y)
-        self.sample_input = None
+        self.sample_input = self.sample_inputs = self.sample_label = None
+        self.batch_size = batch_size
         if isinstance(validation, Arrays):
             check_finite(validation.x, "validation x")
             if len(validation.x):
-                self.sample_input = np.asarray(validation.x[0])
+                self.sample_inputs = np.asarray(validation.x[:8])
+                self.sample_input = self.sample_inputs[0]
+                self.sample_label = None if validation.y is None else np.asarray(validation.y[0]).tolist()
         self.stop_training = False
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
@@ -511,7 +519,9 @@ class Trainer:
                 if epoch == initial_epoch and step == 0:
                     self._check_first(xs, ys)
                     if self.sample_input is None:
-                        self.sample_input = np.asarray(xs[:, 0])
+                        self.sample_inputs = np.swapaxes(np.asarray(xs[:, :8]), 0, 1)
+                        self.sample_input = self.sample_inputs[0]
+                        self.sample_label = np.asarray(ys[-1, 0]).tolist()
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
                 loss, logs, finite = self._train_batch(params, xs, ys, loss_weight, weight)
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))
@@ -525,6 +535,7 @@ class Trainer:
                 epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation, batch_size, hooks).items()})
             self.history.append(epoch, epoch_logs)
             self.epoch = epoch
+            self._check_norms(epoch)
             hooks.on_epoch_end(epoch, epoch_logs)
             if verbose == 2:
                 print(epoch_line(epoch, epochs, epoch_logs, time.perf_counter() - start), flush=True)
@@ -532,6 +543,32 @@ class Trainer:
                 break
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
+
+    #: Gradient (global) and eligibility-trace (per sample) norms above these at an
+    #: epoch's end make ``fit`` warn once: training is about to diverge or overflow.
+    EXPLODING_GRADIENT_NORM = 1e3
+    EXPLODING_TRACE_NORM = 1e8
+
+    def _check_norms(self, epoch: int) -> None:
+        """Warn (once per trainer) when the last batch's gradient or trace norms explode."""
+        if self._norms_warned:
+            return
+        gradient = trace = 0.0
+        if self.last_gradients is not None:
+            gradient = float(optax.global_norm(self.last_gradients))
+        if self.last_trace_norms:
+            trace = max(float(jnp.max(norm)) for norm in self.last_trace_norms.values())
+        found = []
+        if not gradient <= self.EXPLODING_GRADIENT_NORM:
+            found.append(f"the gradient norm is {gradient:.3g}")
+        if not trace <= self.EXPLODING_TRACE_NORM:
+            found.append(f"an eligibility-trace norm is {trace:.3g}")
+        if found:
+            self._norms_warned = True
+            warnings.warn(f"epoch {epoch + 1}: {' and '.join(found)}, large enough to derail training or overflow "
+                          f"float32; clip the gradient (Trainer(grad_clip=1.0)), lower the learning rate, or use "
+                          f"trace_dtype float64 (TensorBoard's norms/ scalars follow them)", RuntimeWarning,
+                          stacklevel=3)
 
     def _class_table(self, class_weight: Mapping[int, float], y: Any) -> np.ndarray:
         """``class_weight`` as a lookup table over the labels' range (1 where not named)."""

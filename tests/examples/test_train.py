@@ -24,3 +24,5 @@ def test_example_learns_the_task(algo, tmp_path):
     finally:
         brainstate.environ.pop("dt")
     assert accuracy > 0.8
+    (run,) = tmp_path.glob(f"example-{algo}-seed0-*")  # each run in its own folder
+    assert {p.name for p in run.iterdir()} == {"train", "validation", "log.csv"}

@@ -1,0 +1,214 @@
+"""The TensorBoard dashboards, read back from the event files (no screenshots): sub-runs,
+tags, HParams values, the raster figure's labels, firing statistics, and the warning
+when norms explode."""
+
+import io
+import json
+import math
+import pathlib
+import struct
+import warnings
+
+import brainstate
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.callbacks import TensorBoard
+from etrace_fit.callbacks.raster import firing_statistics, raster_figure, raster_image
+from etrace_fit.callbacks.tensorboard import layer_labels, readable_tag
+from etrace_fit.datasets import rate_discrimination
+
+C, H, T = 4, 8, 12
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            yield
+
+
+def _data(n=16):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=0)
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    return ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
+                         L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
+
+
+def _events(folder):
+    from tensorboardX.proto import event_pb2
+
+    for path in sorted(pathlib.Path(folder).glob("*tfevents*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            yield event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+
+
+def _values(folder):
+    """``[(tag, step, value proto)]`` of the one run in ``folder`` (not its subfolders)."""
+    return [(v.tag, e.step, v) for e in _events(folder) for v in e.summary.value]
+
+
+def _scalars(folder):
+    out = {}
+    for tag, step, value in _values(folder):
+        if value.WhichOneof("value") == "simple_value":
+            out.setdefault(tag, {})[step] = value.simple_value
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One fit of 3 epochs with validation, every dashboard on."""
+    folder = tmp_path_factory.mktemp("tb")
+    with brainstate.environ.context(dt=1.0), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        x, y = _data()
+        trainer = ef.Trainer(_model(), optimizer="adam", seed=0)
+        trainer.fit(x, y, batch_size=4, epochs=3, validation_split=0.25, verbose=0,
+                    callbacks=[TensorBoard(folder, update_freq="batch", histogram_freq=2, hparams={"task": "rate"})])
+    return folder, trainer
+
+
+def test_train_and_validation_are_sub_runs_with_the_same_tags(run):
+    folder, trainer = run
+    assert sorted(p.name for p in folder.iterdir()) == ["train", "validation"]  # no hparams twin
+    train, validation = _scalars(folder / "train"), _scalars(folder / "validation")
+    for tag in ("epoch/loss", "epoch/accuracy"):
+        assert sorted(train[tag]) == sorted(validation[tag]) == [0, 1, 2]
+    history = trainer.history.history
+    assert validation["epoch/accuracy"][2] == pytest.approx(history["val_accuracy"][2])
+    assert train["epoch/loss"][2] == pytest.approx(history["loss"][2])
+    assert not any(tag.startswith("epoch/val_") for tag in train)
+    assert len(train["batch/loss"]) == 9 and "epoch/learning_rate" in train
+
+
+def test_tags_are_readable_and_norms_firing_and_histograms_are_written(run):
+    folder, trainer = run
+    values = _values(folder / "train")
+    kinds = {(tag, v.WhichOneof("value")) for tag, _, v in values}
+    for tag in ("weights/Linear_0/kernel", "weights/Linear_0/bias", "weights/LeakyRateReadout_2/kernel",
+                "gradients/Linear_0/kernel", "trace_norms_log10/Linear_0/kernel"):
+        assert (tag, "histo") in kinds, tag
+    histogram_steps = {step for tag, step, _ in values if tag == "weights/Linear_0/kernel"}
+    assert histogram_steps == {0, 2}  # every 2nd epoch, and the last one
+    scalars = _scalars(folder / "train")
+    for tag in ("norms/gradient", "norms/gradient/Linear_0", "norms/trace_log10/Linear_0/kernel",
+                "firing/rate/LIF_1", "firing/silent_fraction/LIF_1", "firing/saturated_fraction/LIF_1"):
+        assert sorted(scalars[tag]) == [0, 1, 2], tag
+    assert 0.0 <= scalars["firing/rate/LIF_1"][2] <= 1.0
+    grads = trainer.last_gradients
+    expected = math.sqrt(sum(float(np.sum(np.asarray(g) ** 2)) for g in grads["layers.0.weight"].values()))
+    assert scalars["norms/gradient/Linear_0"][2] == pytest.approx(expected, rel=1e-5)
+    largest = float(np.max(np.asarray(trainer.last_trace_norms["layers.0.weight"])))
+    assert scalars["norms/trace_log10/Linear_0/kernel"][2] == pytest.approx(math.log10(largest), rel=1e-5)
+    texts = {tag for tag, _, v in values if v.metadata.plugin_data.plugin_name == "text"}
+    assert {"model_summary/text_summary", "compile_report/text_summary"} <= texts
+    assert ("spikes/raster", "image") in kinds
+
+
+def test_hparams_hold_every_hyperparameter_and_the_final_and_best_metrics(run):
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+    folder, trainer = run
+    values = _values(folder / "train")
+    starts = [HParamsPluginData.FromString(v.metadata.plugin_data.content).session_start_info
+              for tag, _, v in values if tag == "_hparams_/session_start_info"]
+    assert len(starts) == 1
+    hparams = {k: (v.string_value or v.number_value if v.WhichOneof("kind") != "bool_value" else v.bool_value)
+               for k, v in starts[0].hparams.items()}
+    assert hparams["optimizer"] == "adam" and hparams["learning_rate"] == pytest.approx(1e-3)
+    assert hparams["epochs"] == "3" and hparams["batch_size"] == "4" and hparams["seed"] == "0"
+    assert hparams["algo"] == "hybrid" and hparams["task"] == "rate" and hparams["loss_on"] == "last"
+    scalars = _scalars(folder / "train")
+    history = trainer.history.history
+    assert scalars["hparam/final_val_accuracy"][2] == pytest.approx(history["val_accuracy"][-1])
+    assert scalars["hparam/best_val_accuracy"][2] == pytest.approx(max(history["val_accuracy"]))
+    assert scalars["hparam/best_val_loss"][2] == pytest.approx(min(history["val_loss"]))
+
+
+def test_layer_labels_and_tags_name_layers_by_type_and_index():
+    model = ef.Sequential(L.Linear(3, 4), ef.Sequential(L.Linear(4, 4), L.ALIF(4)), L.Linear(4, 2))
+    labels = layer_labels(model)
+    assert labels["layers.0"] == "Linear_0" and labels["layers.1.layers.1"] == "Sequential_1/ALIF_1"
+    assert readable_tag("layers.0.weight", "weight", labels) == "Linear_0/kernel"
+    assert readable_tag("layers.0.weight", "bias", labels) == "Linear_0/bias"
+    assert readable_tag("layers.1.layers.1.tau", "", labels) == "Sequential_1/ALIF_1/tau"
+
+
+def test_the_raster_figure_labels_its_axes_and_shows_label_and_prediction():
+    pytest.importorskip("matplotlib")
+    rng = np.random.default_rng(0)
+    inputs, spikes = rng.random((T, C)) < 0.3, {"LIF_1": rng.random((T, H)) < 0.2}
+    figure = raster_figure(inputs, spikes, label=1, prediction=0)
+    axes = figure.axes
+    assert [ax.get_xlabel() for ax in axes] == ["time step", "time step"]
+    assert [ax.get_ylabel() for ax in axes] == ["input channel", "neuron"]
+    assert axes[0].get_title().startswith("input (") and axes[1].get_title().startswith("LIF_1 (")
+    assert figure._suptitle.get_text() == "label 1 · prediction 0"
+    image = axes[1].get_images()[0].get_array()
+    np.testing.assert_array_equal(np.asarray(image), spikes["LIF_1"].T.astype(np.float32))
+
+
+def test_without_matplotlib_the_raster_is_a_plain_stacked_image(tmp_path, monkeypatch):
+    import etrace_fit.callbacks.tensorboard as tb
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    inputs, spikes = rng.random((T, C)) < 0.3, {"LIF_1": rng.random((T, H)) < 0.2}
+    image = raster_image(inputs, spikes)
+    assert image.shape == (C + 1 + H, T)
+    np.testing.assert_array_equal(image[:C] == 255, inputs.T)
+    np.testing.assert_array_equal(image[C + 1:] == 255, spikes["LIF_1"].T)
+    monkeypatch.setattr(tb, "has_matplotlib", lambda: False)
+    x, y = _data(8)
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=8, epochs=1, validation_data=(x[4:], y[4:]), verbose=0,
+                callbacks=[TensorBoard(tmp_path, histogram_freq=0)])
+    images = [v.image for tag, _, v in _values(tmp_path / "train") if tag == "spikes/raster"]
+    assert len(images) == 1
+    drawn = np.asarray(Image.open(io.BytesIO(images[0].encoded_image_string)).convert("L"))
+    expected = raster_image(x[4], {"LIF_1": trainer.record_spikes(x[4])["layers.1"]})  # the first validation sample
+    np.testing.assert_array_equal(drawn, expected)
+
+
+def test_firing_statistics_count_silent_and_saturated_neurons():
+    spikes = np.zeros((2, 10, 4))
+    spikes[:, :, 1] = 1.0            # always firing: saturated
+    spikes[:, ::2, 2] = 1.0          # half the steps
+    stats = firing_statistics(spikes)
+    assert stats == {"rate": pytest.approx((1.0 + 0.5) / 4), "silent_fraction": 0.5, "saturated_fraction": 0.25}
+
+
+def test_exploding_gradients_warn_once_with_the_fix():
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer="sgd", loss="mse", metrics=[])
+    trainer.EXPLODING_GRADIENT_NORM = 1e-12  # any gradient counts as exploding here
+    targets = np.full((8, 2), 1e3, np.float32)
+    with pytest.warns(RuntimeWarning, match=r"epoch 1: the gradient norm is .*clip the gradient "
+                                            r"\(Trainer\(grad_clip=1.0\)\), lower the learning rate"):
+        trainer.fit(x, targets, batch_size=8, epochs=2, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        trainer.fit(x, targets, batch_size=8, epochs=1, verbose=0)  # once per trainer
+
+
+def test_bad_arguments_fail_in_the_constructor_and_legacy_tags_warn(tmp_path):
+    with pytest.raises(ef.ConfigError, match="TensorBoard: hparams must be a dict"):
+        TensorBoard(tmp_path, hparams=["task"])
+    with pytest.warns(DeprecationWarning, match=r"TensorBoard\(legacy_tags=True\) writes the tags of 0.2"):
+        board = TensorBoard(tmp_path, legacy_tags=True)
+    x, y = _data(8)
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, validation_data=(x, y), verbose=0, callbacks=[board])
+    tags = {tag for tag, _, _ in _values(tmp_path / "train")}
+    assert {"epoch/val_loss", "weights/layers.0.weight/weight", "weights/Linear_0/kernel"} <= tags
+    json.dumps(sorted(tags))
