@@ -9,7 +9,7 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 """
 
 from . import algorithms, callbacks, compiler, datasets, errors, layers, ops, training
-from .algorithms import Learner, compile, gradient_fidelity, online_fit, sequence_grad
+from .algorithms import Learner, LearnerState, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import ApproximationWarning, CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
 from .layers import Sequential
@@ -25,6 +25,7 @@ __all__ = [
     "ETraceGraph",
     "History",
     "Learner",
+    "LearnerState",
     "EtraceError",
     "Sequential",
     "ShapeError",

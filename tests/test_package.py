@@ -70,6 +70,20 @@ def test_public_names_are_exported():
         assert hasattr(etrace_fit.ops, name), name
 
 
+def test_subpackages_are_attributes_without_an_import():
+    """``ef.datasets.evidence_accumulation`` after ``import etrace_fit as ef`` (it was an
+    AttributeError), in a fresh interpreter so no earlier import can hide it."""
+    code = ("import etrace_fit as ef; ef.datasets.evidence_accumulation; ef.callbacks.TensorBoard; "
+            "ef.training.Trainer; ef.LearnerState")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_docs_do_not_promise_what_exists_as_a_future_release():
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
+    for page in docs.glob("*.md"):
+        assert "next release" not in page.read_text(), page.name
+
+
 def test_import_in_a_fresh_interpreter_succeeds_and_registers_four_ops():
     code = "import etrace_fit; print(len(etrace_fit.ops.registered_ops()))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
 from .fidelity import WeightFidelity, gradient_fidelity
 from .hybrid import Plan, make_plan
-from .learner import CompiledSequence, Learner, compile
+from .learner import CompiledSequence, Learner, LearnerState, compile
 from .registry import ALGOS, RULES
 from .sequence import compile_sequence, online_fit, plan_for, sequence_grad
 
@@ -19,6 +19,7 @@ __all__ = [
     "CompiledSequence",
     "DRTRL",
     "Learner",
+    "LearnerState",
     "ESDRTRL",
     "PairSignals",
     "Plan",

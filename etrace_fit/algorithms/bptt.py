@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
 from ..compiler import ETraceGraph
-from .online import Collected, OnlineProgram
+from .online import Collected, OnlineProgram, TraceState
 
 __all__ = ["build_bptt"]
 
@@ -28,7 +29,17 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
     weights_at = set(weight_positions)
     others_at = [p for p in range(len(module.state_leaves())) if p not in weights_at]
 
-    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False):
+    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, traces=None):
+        """As the online programs' ``run``; with ``traces`` (a stream) the states carry
+        across calls and the gradient is truncated at the call's start (truncated BPTT),
+        the step count goes on."""
+        result = _run(weight_leaves, state_leaves, xs_leaves, targets, collect)
+        if traces is None:
+            return result
+        length = jax.tree.leaves(xs_leaves)[0].shape[0]
+        return result + (TraceState([], jnp.asarray(traces.t, jnp.int32) + length),)
+
+    def _run(weight_leaves, state_leaves, xs_leaves, targets, collect):
         def total(weights):
             def body(others, inputs):  # the weights are closed over, not carried (copied) every step
                 input_leaves, target = inputs

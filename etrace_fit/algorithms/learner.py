@@ -2,7 +2,11 @@
 
 ``learner = ef.compile(model, x_t, step_loss, algo="hybrid")`` traces one step, finds
 the relations, chooses a rule per traced weight *once* (never again for another batch
-size) and reports the choice. ``learner.grad(xs, ys)`` runs a sequence; the pure,
+size) and reports the choice. ``learner.grad(xs, ys)`` runs a sequence on the model's
+states. ``state = learner.init(batch_size)`` and ``grads, losses, state =
+learner.step(state, xs, ys)`` are the pure form: a :class:`LearnerState` value carries
+the weights, hidden states and eligibility traces from one call to the next, so a long
+stream can arrive in chunks (streaming) and nothing is written into the model; the pure,
 jitted program per input shape lives in the learner, not in a module-level cache, so
 nothing outlives it. After changing the model (a layer attribute, new states), compile
 again; :meth:`Learner.is_current` tells whether that is needed. Read ``sequence.py`` for
@@ -12,7 +16,8 @@ the one-call functions built on it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+import contextlib
+from typing import Any, Callable, Mapping, NamedTuple
 
 import brainstate
 import jax
@@ -25,11 +30,39 @@ from .base import traced_pairs
 from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
-from .online import build_online
+from .online import TraceState, build_online
 from .registry import check_algo
 
-__all__ = ["CompiledSequence", "Learner", "compile"]
+__all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
 _TRACE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64))
+
+
+class LearnerState(NamedTuple):
+    """Everything one sequence (or one chunk of a stream) starts from, as one value:
+    ``weights`` ``{"layers.0.weight": value}`` (every ParamState), ``states`` the
+    other state leaves in the module's order (hidden states at the batch size),
+    ``traces`` each traced pair's eligibility traces and ``t`` the steps seen since
+    :meth:`Learner.init`. A pytree: jit, save and replace (``state._replace(weights=...)``)
+    it like any other."""
+
+    weights: dict
+    states: list
+    traces: list
+    t: Any
+
+
+@contextlib.contextmanager
+def _states_at(model: Any, batch_size: int):
+    """The model's hidden states reset at ``batch_size`` inside the block, restored after
+    (reading initial values or tracing at another batch size leaves the model as it was)."""
+    saved = {path: state.value for path, state in model.states().items()}
+    try:
+        brainstate.nn.reset_all_states(model, batch_size=batch_size)
+        yield
+    finally:
+        for path, state in model.states().items():
+            if path in saved:
+                state.value = saved[path]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +212,66 @@ class Learner:
                                    "was compiled with; compile it with an example of this shape")
         return dataclasses.replace(self.plan, graph=graph, pairs=pairs)
 
+    def init(self, batch_size: int) -> LearnerState:
+        """The :class:`LearnerState` a stream of ``batch_size`` sequences starts from:
+        the model's current weights, its hidden states at their initial values (as
+        ``reset_all_states``), zero traces, ``t = 0``. The model is left as it was."""
+        _positive_int(batch_size, "batch_size")
+        module = self.graph.module
+        current = self.model.states()
+        with _states_at(self.model, batch_size):
+            leaves = [leaf for info in module.states for leaf in jax.tree.leaves(current[info.path].value)]
+        weights_at = set(module.weight_leaf_positions)
+        states = [leaf for position, leaf in enumerate(leaves) if position not in weights_at]
+        weights = {format_path(path): param.value for path, param in self.model.states(brainstate.ParamState).items()}
+        traces = [] if self.plan is None else [rule.init_traces(pair, batch_size, self.plan.trace_dtype)
+                                               for pair, rule in zip(self.plan.pairs, self.plan.rules)]
+        return LearnerState(weights, states, traces, jnp.zeros((), jnp.int32))
+
+    def step(self, state: LearnerState, xs: Any, targets: Any, *, active: Any = None
+             ) -> tuple[dict, jax.Array, LearnerState]:
+        """One chunk of a stream: ``(grads, losses, next state)`` of time-major ``xs
+        (T, B, ...)`` from ``state`` (pure: the model is not read or written, the same
+        state gives the same result). The traces carry on, so the gradients of
+        consecutive chunks add up to the gradient of the whole stream in one call
+        (for BPTT, whose states carry but whose gradient stops at the chunk's start,
+        to truncated BPTT). ``grads`` is keyed like ``state.weights``; ``active`` as in
+        the online programs (steps without loss skip their pull-back)."""
+        if not isinstance(state, LearnerState):
+            raise ConfigError(f"learner.step takes the LearnerState of learner.init(batch_size), got "
+                              f"{type(state).__name__}")
+        batch = jnp.shape(jax.tree.leaves(xs)[0])[1] if jnp.ndim(jax.tree.leaves(xs)[0]) > 1 else None
+        made_for = next((jnp.shape(leaf)[0] for leaf in state.states if jnp.ndim(leaf)), batch)
+        if batch != made_for:
+            raise ShapeError(f"learner.step: xs has {batch} sequences per step but the state was made for {made_for} "
+                             f"(learner.init({made_for})); xs is time-major (T, B, ...)")
+        with _states_at(self.model, batch):
+            compiled = self.compiled(xs, targets)
+        run = compiled.updates.get("stream")
+        if run is None:
+            program = compiled.program
+
+            def stream(weights, states, xs_leaves, targets, traces, active):
+                options = {} if active is None else {"active": active}
+                return program.run(weights, states, xs_leaves, targets, traces=traces, **options)
+
+            run = compiled.updates["stream"] = jax.jit(stream)
+        module = compiled.module
+        paths = {format_path(s.path): s.path for s in module.weights}
+        weights = compiled.weight_leaves({paths[name]: value for name, value in state.weights.items() if name in paths})
+        leaves = _assemble_leaves(module, weights, state.states)
+        active = jnp.asarray(active) if active is not None and not isinstance(active, str) else active
+        if isinstance(active, str):
+            raise ConfigError("learner.step takes active as a (T,) bool array or None")
+        grad_leaves, losses, final, traces = run(weights, leaves, jax.tree.leaves(xs), targets,
+                                                 TraceState(state.traces, state.t), active)
+        per_state = compiled.per_state(grad_leaves)
+        grads = {name: per_state[path] if path in per_state else jax.tree.map(jnp.zeros_like, state.weights[name])
+                 for name, path in ((n, paths.get(n)) for n in state.weights)}
+        weights_at = set(module.weight_leaf_positions)
+        states = [leaf for position, leaf in enumerate(final) if position not in weights_at]
+        return grads, losses, LearnerState(state.weights, states, list(traces.traces), traces.t)
+
     def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
         """``(grads, losses)`` of one sequence, as :func:`etrace_fit.sequence_grad`."""
         compiled = self.compiled(xs, targets)
@@ -189,6 +282,21 @@ class Learner:
         grads = compiled.per_state(grads_leaves)
         return {path: grads[path] if path in grads else jax.tree.map(jnp.zeros_like, param.value)
                 for path, param in self.model.states(brainstate.ParamState).items()}, losses
+
+
+def _assemble_leaves(module: Any, weights: list, others: list) -> list:
+    """All state leaves in module order from the weight leaves and the other leaves."""
+    weights_at = list(module.weight_leaf_positions)
+    leaves, weight_iter, other_iter = [], iter(weights), iter(others)
+    for position in range(len(weights_at) + len(others)):
+        leaves.append(next(weight_iter) if position in weights_at else next(other_iter))
+    return leaves
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def _signature(tree: Any) -> tuple:

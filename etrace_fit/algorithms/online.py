@@ -28,7 +28,7 @@ from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair
 
-__all__ = ["Collected", "OnlineProgram", "StepProgram", "build_online", "chunk_size", "run_rule_chunk"]
+__all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
 #: Steps per chunk when the caller does not choose (the trace is read and written once
 #: per chunk; the chunk's signals are kept meanwhile).
@@ -47,6 +47,14 @@ class Collected(NamedTuple):
     trace_norms: list
 
 
+class TraceState(NamedTuple):
+    """The online rules' state between calls (streaming): each pair's ``traces`` and the
+    steps ``t`` seen since the last reset (a ``()`` int32)."""
+
+    traces: list
+    t: Any
+
+
 @dataclasses.dataclass(frozen=True)
 class OnlineProgram:
     """A pure function over one sequence and what it needs to map results back.
@@ -57,14 +65,18 @@ class OnlineProgram:
     among them are ignored), ``xs`` time-major; ``active`` an optional ``(T,)`` bool:
     ``False`` where the step's loss is known to be zero (its pull-back is skipped), or
     ``"last"``: only the last step has a loss (skipped without a per-step branch).
-    ``pairs`` names what the trace norms belong to; ``chunk_for(T)`` is the steps per
-    chunk of a sequence of length ``T``.
+    ``traces``: a :class:`TraceState` to start from (``init_traces(batch)`` or one a
+    previous call returned) instead of zero traces at ``t = 0``; the call then returns
+    the final :class:`TraceState` as its last element (streaming: a long sequence in
+    consecutive calls). ``pairs`` names what the trace norms belong to;
+    ``chunk_for(T)`` is the steps per chunk of a sequence of length ``T``.
     """
 
     run: Callable[..., Any]
     run_with_updates: Callable[..., Any] | None = None
     pairs: tuple = ()
     chunk_for: Callable[[int], int] = lambda length: 1
+    init_traces: Callable[[int], TraceState] = lambda batch: TraceState([], jnp.zeros((), jnp.int32))
 
 
 # ------------------------------------------------------------------ the step program
@@ -372,8 +384,13 @@ def build_online(
             return carry, pieces[0]
         return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *pieces)
 
-    def initial_traces():
-        return [rule.init_traces(pair, batch, trace_dtype) for pair, rule in zip(pairs, rules)]
+    def init_traces(batch_size: int = batch) -> TraceState:
+        return TraceState([rule.init_traces(pair, batch_size, trace_dtype) for pair, rule in zip(pairs, rules)],
+                          jnp.zeros((), jnp.int32))
+
+    def start(traces):
+        traces = init_traces() if traces is None else traces
+        return list(traces.traces), jnp.asarray(traces.t, jnp.int32)
 
     def trace_norms(traces, t):
         return [rule.trace_norm(trace, t) for rule, trace in zip(rules, traces)]
@@ -391,11 +408,11 @@ def build_online(
         itemsize = jnp.dtype(trace_dtype).itemsize
         return chunk_size(pairs, rules, batch, itemsize, length, chunk)
 
-    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None):
-        weights = list(weight_leaves)
+    def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None, traces=None):
+        weights, streaming = list(weight_leaves), traces is not None
         inputs, length = sequence_inputs(xs_leaves, targets, active)
-        carry = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights),
-                 jnp.zeros((), jnp.int32))
+        trace_values, t0 = start(traces)
+        carry = (program.others(state_leaves), trace_values, *zero_accumulators(weights), t0)
         size = size_for(length)
         if isinstance(active, str) and length > size:
             # "last": every chunk but the final one without pull-back and without a
@@ -411,16 +428,15 @@ def build_online(
         grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
                                  [x[0] for x in xs_leaves])
         final = program.assemble(weights, others)
-        if collect:
-            return grads, losses, final, Collected(outputs, trace_norms(traces, t))
-        return grads, losses, final
+        result = (grads, losses, final) + ((Collected(outputs, trace_norms(traces, t)),) if collect else ())
+        return result + ((TraceState(traces, t),) if streaming else ())
 
     def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every,
-                         collect=False, active=None):
+                         collect=False, active=None, traces=None):
         """As ``run``, but applies ``optimizer`` every ``every`` steps inside the scan
         (traces carry on across updates: true online learning). Returns ``(weights,
-        opt_state, losses, final state leaves)``, and a :class:`Collected` with
-        ``collect``."""
+        opt_state, losses, final state leaves)``, then a :class:`Collected` with
+        ``collect`` and the final :class:`TraceState` when ``traces`` is given."""
         inputs, length = sequence_inputs(xs_leaves, targets, active)
         size = size_for(min(every, length))
 
@@ -434,8 +450,9 @@ def build_online(
             inner = (others, traces, *zero_accumulators(weights), t)
             return weights, opt_state, inner, out
 
-        weights = list(weight_leaves)
-        inner = (program.others(state_leaves), initial_traces(), *zero_accumulators(weights), jnp.zeros((), jnp.int32))
+        weights, streaming = list(weight_leaves), traces is not None
+        trace_values, t0 = start(traces)
+        inner = (program.others(state_leaves), trace_values, *zero_accumulators(weights), t0)
         full, tail = divmod(length, every)
         pieces = []
         if full:
@@ -453,11 +470,11 @@ def build_online(
             lambda a, b: jnp.concatenate([a, b]), *pieces)
         others, traces, _, _, t = inner
         final = program.assemble(weights, others)
-        if collect:
-            return weights, opt_state, losses, final, Collected(outputs, trace_norms(traces, t))
-        return weights, opt_state, losses, final
+        result = (weights, opt_state, losses, final) + ((Collected(outputs, trace_norms(traces, t)),) if collect else ())
+        return result + ((TraceState(traces, t),) if streaming else ())
 
-    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk_for=size_for)
+    return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk_for=size_for,
+                         init_traces=init_traces)
 
 
 def _assemble(weight_positions, other_positions, weights, others) -> list:

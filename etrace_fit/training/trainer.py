@@ -11,6 +11,8 @@ Keras' hooks.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 import warnings
 from typing import Any, Mapping, Sequence
@@ -87,6 +89,18 @@ def validation_schedule(validation_freq: Any):
     except (TypeError, ValueError):
         raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}") from None
     return lambda epoch: epoch + 1 in listed
+
+
+def _weight_dtype(x: np.ndarray) -> Any:
+    """Loss weights in float64 for float64 data (exactness tests), else float32."""
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def _keras_result(logs: dict[str, float], return_dict: bool) -> Any:
+    """Keras' ``*_on_batch`` result: the dict, the loss alone, or ``[loss, *metrics]``."""
+    if return_dict:
+        return logs
+    return logs["loss"] if len(logs) == 1 else list(logs.values())
 
 
 class Arrays:
@@ -220,6 +234,15 @@ class Trainer:
             weights first, then the cheapest; ES-D-RTRL beyond it. The plan does not
             depend on the batch size; ``fit`` checks batch × bytes per sample against
             the device's memory before training. ``trainer.report()`` shows both.
+        stateful: as Keras' stateful RNNs — batch ``k + 1`` continues the sequences of
+            batch ``k`` (the same streams, the next steps): hidden states *and*
+            eligibility traces carry from batch to batch, so an online rule learns
+            from a stream of any length with memory flat in it (with
+            ``update_every``, updates happen inside each batch too). States reset at
+            the start of every epoch and on :meth:`reset_states`; ``predict`` and
+            ``test_on_batch`` carry them as well. Needs ``shuffle=False`` and batches
+            of one size. BPTT carries the states and truncates its gradient at each
+            batch (truncated BPTT).
 
     Example::
 
@@ -242,6 +265,7 @@ class Trainer:
         update_every: int | None = None,
         grad_clip: float | None = None,
         memory_budget: int | str | None = None,
+        stateful: bool = False,
     ):
         check_algo(algo)
         if isinstance(metrics, str):
@@ -256,12 +280,16 @@ class Trainer:
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
         parse_bytes(memory_budget)
+        if not isinstance(stateful, bool):
+            raise ConfigError(f"stateful must be True or False, got {stateful!r}")
         self.model = model
+        self.stateful = stateful
+        self._stream = None  # stateful: (batch size, TraceState) carried to the next batch, None: start afresh
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
                            optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
-                           memory_budget=memory_budget)
+                           memory_budget=memory_budget, stateful=stateful)
         self.epoch = -1  # the last finished epoch
         self._callbacks = CallbackList()
         # A callback (BackupAndRestore) may set this in on_train_begin: fit starts there.
@@ -321,18 +349,19 @@ class Trainer:
                              f" with at least 3 axes, got shape {tuple(x.shape)}")
         xs = x if time_major else np.swapaxes(x, 0, 1)
         steps, size = xs.shape[0], xs.shape[1]
+        wdtype = _weight_dtype(x)
         if self.loss_on == "mask":
             if batch.mask is None:
                 raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
-            mask = np.asarray(batch.mask, np.float32)
+            mask = np.asarray(batch.mask, wdtype)
             mask = mask if time_major else mask.T
             if mask.shape != (steps, size):
                 raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
             weight = mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0)
         elif self.loss_on == "all":
-            weight = np.full((steps, size), 1.0 / steps, np.float32)
+            weight = np.full((steps, size), 1.0 / steps, wdtype)
         else:
-            weight = np.zeros((steps, size), np.float32)
+            weight = np.zeros((steps, size), wdtype)
             weight[-1] = 1.0
         y = None if batch.y is None else np.asarray(batch.y)
         if y is None:
@@ -349,7 +378,7 @@ class Trainer:
             raise ShapeError(f"x of shape {tuple(x.shape)} is read as {layout}: {size} sequences of {steps} steps, "
                              f"but y has shape {tuple(y.shape)}; expected ({size}, ...) per sequence or "
                              f"{(steps, size) if time_major else (size, steps)} per step.{hint}")
-        return xs, ys, weight.astype(np.float32)
+        return xs, ys, weight.astype(wdtype)
 
     def _loss_weight(self, batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: np.ndarray | None,
                      time_major: bool) -> np.ndarray:
@@ -357,8 +386,9 @@ class Trainer:
         class weight of each step's label (what the loss uses; metrics are unweighted,
         as in Keras)."""
         steps, size = weight.shape
+        wdtype = weight.dtype
         if batch.sample_weight is not None:
-            sample_weight = np.asarray(batch.sample_weight, np.float32)
+            sample_weight = np.asarray(batch.sample_weight, wdtype)
             if sample_weight.shape == (size,):
                 weight = weight * sample_weight[None, :]
             elif sample_weight.shape == ((steps, size) if time_major else (size, steps)):
@@ -369,26 +399,49 @@ class Trainer:
                                  f"{tuple(sample_weight.shape)}")
         if class_weight is not None:
             weight = weight * class_weight[np.asarray(ys, np.int64).reshape(steps, size)]
-        return weight.astype(np.float32)
+        return weight.astype(wdtype)
 
     def _ensure_states(self, batch_size: int) -> None:
         """Create the hidden states of a model no batch has run through yet."""
         if not self.model.states(brainstate.HiddenState):
             brainstate.nn.init_all_states(self.model, batch_size=batch_size)
 
-    def _outputs(self, xs: jax.Array) -> jax.Array:
-        """The model's outputs at every step, ``(T, B, ...)``, from reset states."""
+    def _outputs(self, xs: jax.Array, carry: bool = False) -> jax.Array:
+        """The model's outputs at every step, ``(T, B, ...)``, from reset states (from
+        the carried ones with ``carry``: a stateful trainer's predict)."""
         self._ensure_states(xs.shape[1])
+        if carry:
+            self._continue_stream(xs.shape[1])
         if self._forward is None:
             model = self.model
 
-            @brainstate.transform.jit
-            def forward(xs):
-                brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+            @brainstate.transform.jit(static_argnums=1)
+            def forward(xs, carry):
+                if not carry:
+                    brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
                 return brainstate.transform.for_loop(model, xs)
 
             self._forward = forward
-        return self._forward(xs)
+        return self._forward(xs, carry)
+
+    # ------------------------------------------------------------------ streams
+    def reset_states(self) -> None:
+        """Start every stream afresh (Keras' ``reset_states``): the next batch begins
+        at the initial hidden states with zero eligibility traces."""
+        self._stream = None
+
+    def _continue_stream(self, batch_size: int):
+        """The carried traces for the next batch of a stateful trainer (None: start
+        afresh, resetting the hidden states); a batch of another size is an error."""
+        if self._stream is None:
+            brainstate.nn.reset_all_states(self.model, batch_size=batch_size)
+            self._stream = (batch_size, None)
+        size, traces = self._stream
+        if size != batch_size:
+            raise ShapeError(f"stateful=True continues the {size} streams of the last batch, but this batch has "
+                             f"{batch_size} sequences; give every batch the same size (drop_remainder=True) or "
+                             f"call reset_states() first")
+        return traces
 
     def _check_first(self, xs, ys) -> None:
         """Errors before any training: the model's input size and the labels' range."""
@@ -444,6 +497,8 @@ class Trainer:
         """
         verbose = check_verbose(verbose)
         check_shuffle(shuffle)
+        if self.stateful and shuffle is not False:
+            raise ConfigError("stateful=True reads batch k + 1 as the continuation of batch k: pass shuffle=False")
         if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
             raise ConfigError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < initial_epoch:
@@ -504,6 +559,7 @@ class Trainer:
             initial_epoch = max(initial_epoch, self.resume_epoch)
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
+            self.reset_states()  # stateful: every epoch reads the streams from their start
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
@@ -631,23 +687,23 @@ class Trainer:
                 norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
             return losses.sum(), self._metrics(collected.outputs, ys, metric_weight), norms
 
-        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight):
+        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces):
             weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
             options = {}
             if skips:  # "last" is known statically: no per-step branch in the program
                 options["active"] = "last" if self.loss_on == "last" else jnp.any(weight != 0, axis=1)
             if every is None:
-                grad_leaves, losses, final, collected = program.run(weights, state_leaves, xs_leaves, (ys, weight),
-                                                                    collect=True, **options)
+                grad_leaves, losses, final, collected, *stream = program.run(
+                    weights, state_leaves, xs_leaves, (ys, weight), collect=True, traces=traces, **options)
                 read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
                 grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
                          for name, value in values.items()}
                 updates, new_opt_state = optimizer.update(grads, opt_state, values)
                 new_values = optax.apply_updates(values, updates)
             else:  # the optimizer runs inside the scan; its state is over the weight leaves
-                weights, new_opt_state, losses, final, collected = program.run_with_updates(
+                weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
                     weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True,
-                    **options)
+                    traces=traces, **options)
                 new_values = dict(values)
                 new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
                 grads = None
@@ -658,7 +714,7 @@ class Trainer:
             finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
             keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
             new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
-            return new_values, new_opt_state, final, grads, loss, logs, norms, finite
+            return new_values, new_opt_state, final, grads, loss, logs, norms, finite, (stream or [None])[0]
 
         return jax.jit(train_step)
 
@@ -695,25 +751,35 @@ class Trainer:
         """One jitted training step; returns the batch's loss, metrics and finite flag
         as device values (no host sync)."""
         values = {format_path(path): state.value for path, state in params.items()}
-        brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])  # async: overlaps the last step
+        traces = None
+        if self.stateful:  # the states go on from the last batch; the traces too
+            traces = self._continue_stream(xs.shape[1])
+        else:
+            brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])  # async: overlaps the last step
         compiled, step = self._batch_program(xs, ys, weight)
         if self.opt_state is None:
             self._init_optimizer(values if self.update_every is None else compiled.weight_leaves())
+        if self.stateful and traces is None:
+            traces = compiled.program.init_traces(xs.shape[1])
         leaves = compiled.state_leaves()
-        new_values, self.opt_state, final, grads, loss, logs, norms, finite = step(
-            values, self.opt_state, leaves, [xs], ys, weight, weight if metric_weight is None else metric_weight)
+        new_values, self.opt_state, final, grads, loss, logs, norms, finite, traces = step(
+            values, self.opt_state, leaves, [xs], ys, weight, weight if metric_weight is None else metric_weight,
+            traces)
         for path, state in params.items():
             state.value = new_values[format_path(path)]
         compiled.write_states(final)
+        if self.stateful:
+            self._stream = (xs.shape[1], traces)
         self.last_gradients, self.last_trace_norms = grads, norms
         return loss, logs, finite
 
     def _build_eval_step(self):
         model, loss_fn = self.model, self.loss_fn
 
-        @brainstate.transform.jit
-        def eval_step(xs, ys, weight):
-            brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+        @brainstate.transform.jit(static_argnums=3)
+        def eval_step(xs, ys, weight, carry=False):
+            if not carry:
+                brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
             outputs = brainstate.transform.for_loop(model, xs)
             per_step = jax.vmap(loss_fn)(outputs, ys)
             return {"loss": jnp.sum(weight * per_step) / weight.shape[1], **self._metrics(outputs, ys, weight)}
@@ -739,7 +805,27 @@ class Trainer:
         return data
 
     def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
-        """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches)."""
+        """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
+        from reset states; a stateful trainer's streams are left where they were."""
+        with self._keeping_streams():
+            return self._evaluate_from_reset(data, batch_size, hooks)
+
+    @contextlib.contextmanager
+    def _keeping_streams(self):
+        """A stateful trainer's hidden states as they were after the block (evaluation
+        from reset states must not cut the training streams)."""
+        if not self.stateful or self._stream is None:
+            yield
+            return
+        saved = {path: state.value for path, state in self.model.states(brainstate.HiddenState).items()}
+        try:
+            yield
+        finally:
+            for path, state in self.model.states(brainstate.HiddenState).items():
+                state.value = saved[path]
+
+    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None
+                             ) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
         if isinstance(data, Arrays):
             source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask), False
@@ -754,7 +840,7 @@ class Trainer:
             self._ensure_states(xs.shape[1])
             if self._eval_step is None:
                 self._eval_step = self._build_eval_step()
-            logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight).items()}
+            logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight, False).items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
@@ -762,6 +848,53 @@ class Trainer:
         result = {key: value / count for key, value in totals.items()}
         hooks.on_test_end(result)
         return result
+
+    def _one_batch(self, x: Any, y: Any, sample_weight: Any, class_weight: Any, name: str):
+        """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major."""
+        data = self._as_data((x, y), name)
+        if not isinstance(data, Arrays):
+            raise ConfigError(f"{name} takes arrays x (and y)")
+        check_finite(data.x)
+        batch = Batch(data.x, data.y, data.mask, None if sample_weight is None else np.asarray(sample_weight))
+        if batch.sample_weight is not None and self.time_major and np.ndim(batch.sample_weight) == 2:
+            batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))
+        xs, ys, weight = self._time_major(batch, False)
+        table = None if class_weight is None else self._class_table(class_weight, data.y)
+        return xs, ys, self._loss_weight(batch, ys, weight, table, False), weight
+
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None,
+                       return_dict: bool = False) -> Any:
+        """One update on one batch, as Keras' ``train_on_batch``: the loss (and metrics:
+        a list ``[loss, *metrics]``, or a dict with ``return_dict``). With
+        ``stateful=True`` consecutive calls continue the same streams — hidden states
+        and eligibility traces carry — so a stream fed in chunks learns online; call
+        :meth:`reset_states` between streams."""
+        xs, ys, loss_weight, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch")
+        if self.learner is None:
+            self._check_first(xs, ys)
+        loss, logs, finite = self._train_batch(self._params(), xs, ys, loss_weight, weight)
+        if not bool(finite):
+            self.skipped_batches += 1
+            warnings.warn("train_on_batch: the loss or gradient is not finite; the update was not applied",
+                          RuntimeWarning, stacklevel=2)
+        return _keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict)
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+        """Loss and metrics of one batch without an update, as Keras'
+        ``test_on_batch``: from reset states, or for a stateful trainer from its
+        streams' current states (which it leaves where they were: the streams' traces
+        only follow training)."""
+        xs, ys, loss_weight, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch")
+        self._ensure_states(xs.shape[1])
+        carry = self.stateful
+        if carry:
+            self._continue_stream(xs.shape[1])
+        if self._eval_step is None:
+            self._eval_step = self._build_eval_step()
+        with self._keeping_streams():
+            logs = self._eval_step(xs, ys, loss_weight, carry)
+        logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
+        return _keras_result(logs, return_dict)
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
                  callbacks: Sequence[Any] | None = None) -> dict[str, float]:
@@ -977,7 +1110,11 @@ class Trainer:
     def predict(self, x: Any, batch_size: int = 32, verbose: int | str = "auto",
                 callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
         """Outputs for array data: ``(N, ...)`` at the last step, or every step
-        (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is)."""
+        (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is).
+        A stateful trainer predicts from its streams' current states and moves them on
+        (step-by-step prediction: call it with one step at a time); the eligibility
+        traces follow training only, so call :meth:`reset_states` before training on
+        a stream you predicted on."""
         check_verbose(verbose)
         if not hasattr(x, "shape"):
             raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
@@ -989,7 +1126,7 @@ class Trainer:
         for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
             hooks.on_predict_batch_begin(step, {})
             xs, _, _ = self._time_major(batch, False)
-            out = self._outputs(xs)
+            out = self._outputs(xs, carry=self.stateful)
             outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
         hooks.on_predict_end({})
