@@ -55,7 +55,7 @@ def main() -> None:
     compiled, step = trainer._batch_program(xs, ys, weight)
     params = trainer.model.states(brainstate.ParamState)
     values = {format_path(path): state.value for path, state in params.items()}
-    call = (values, trainer.opt_state, compiled.state_leaves(), [xs], ys, weight)
+    call = (values, trainer.opt_state, compiled.state_leaves(), [xs], ys, weight, None, None)
 
     def bare():
         out = None

@@ -9,13 +9,14 @@ iterable or generator of ``(x, y)`` or ``(x, y, mask)`` batches; objects with
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
 
-__all__ = ["Batch", "batches", "check_finite", "check_shuffle", "split_validation"]
+__all__ = ["Arrays", "Batch", "batch_major", "batches", "check_finite", "check_shuffle", "class_table", "loss_weight", "placement",
+           "split_validation"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,3 +151,123 @@ def batches(
         yield batch
     if count == 0:
         raise ShapeError("the data iterable yielded no batches")
+
+
+# ------------------------------------------------------------------ layouts and weights
+def weight_dtype(x: np.ndarray) -> Any:
+    """Loss weights in float64 for float64 data (exactness tests), else float32."""
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+class Arrays:
+    """Batch-major array data: ``x (N, T, ...)``, ``y`` and ``mask`` or None."""
+
+    def __init__(self, x: Any, y: Any = None, mask: Any = None):
+        self.x, self.y, self.mask = x, y, mask
+
+
+def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
+    """Time-major arrays ``x (T, N, ...)``, per-step ``y (T, N, ...)`` or per-sequence
+    ``y (N, ...)``, and ``(T, N)`` weights or masks (or ``(N,)``) as batch-major views;
+    a ``y`` that fits neither reading is an error saying which layout was assumed."""
+    if np.ndim(x) < 3:
+        raise ShapeError(f"{name} must be (time, batch, features) with time_major=True, got shape {tuple(np.shape(x))}")
+    steps, size = np.shape(x)[:2]
+    swap = lambda a: None if a is None else np.swapaxes(np.asarray(a), 0, 1)  # noqa: E731
+    if y is not None:
+        shape = np.shape(y)
+        if len(shape) >= 2 and shape[:2] == (steps, size):
+            y = swap(y)
+        elif not shape or shape[0] != size:
+            hint = " — x looks batch-major: pass time_major=False" if shape and shape[0] == steps else ""
+            raise ShapeError(f"time_major=True reads {name} of shape {tuple(np.shape(x))} as (time={steps}, "
+                             f"batch={size}, ...), but y has shape {tuple(shape)}; expected ({size}, ...) per "
+                             f"sequence or ({steps}, {size}, ...) per step{hint}")
+    if weights is not None and np.ndim(weights) == 2:
+        weights = swap(weights)
+    return swap(x), y, weights
+
+
+def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray, Any, np.ndarray]:
+    """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
+    (numpy: no device work per batch before the one jitted step). ``weights`` place the
+    loss in time (``loss_on``: ``"last"``, ``"all"`` averaged, ``"mask"`` averaged per
+    sequence); float64 for float64 data, else float32."""
+    x = np.asarray(batch.x)
+    if x.ndim < 3:
+        raise ShapeError(f"x must be {'(time, batch, features)' if time_major else '(batch, time, features)'}"
+                         f" with at least 3 axes, got shape {tuple(x.shape)}")
+    xs = x if time_major else np.swapaxes(x, 0, 1)
+    steps, size = xs.shape[0], xs.shape[1]
+    wdtype = weight_dtype(x)
+    if loss_on == "mask":
+        if batch.mask is None:
+            raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
+        mask = np.asarray(batch.mask, wdtype)
+        mask = mask if time_major else mask.T
+        if mask.shape != (steps, size):
+            raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
+        weight = mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0)
+    elif loss_on == "all":
+        weight = np.full((steps, size), 1.0 / steps, wdtype)
+    else:
+        weight = np.zeros((steps, size), wdtype)
+        weight[-1] = 1.0
+    y = None if batch.y is None else np.asarray(batch.y)
+    if y is None:
+        ys = np.zeros((steps, size), np.float32)
+    elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if time_major else (size, steps)):
+        ys = y if time_major else np.swapaxes(y, 0, 1)  # per-step targets
+    elif y.shape[:1] == (size,):
+        ys = np.broadcast_to(y, (steps, *y.shape))  # one target per sequence
+    else:
+        layout = "(time, batch, ...)" if time_major else "(batch, time, ...)"
+        hint = (" x looks batch-major: pass time_major=False" if time_major and y.shape[:1] == (steps,)
+                else " x looks time-major: pass time_major=True" if not time_major and y.shape[:1] == (steps,)
+                else "")
+        raise ShapeError(f"x of shape {tuple(x.shape)} is read as {layout}: {size} sequences of {steps} steps, "
+                         f"but y has shape {tuple(y.shape)}; expected ({size}, ...) per sequence or "
+                         f"{(steps, size) if time_major else (size, steps)} per step.{hint}")
+    return xs, ys, weight.astype(wdtype)
+
+
+def loss_weight(batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: np.ndarray | None,
+                time_major: bool) -> np.ndarray:
+    """The placement ``weight (T, B)`` times the batch's ``sample_weight`` and the
+    class weight of each step's label (what the loss uses; metrics are unweighted,
+    as in Keras)."""
+    steps, size = weight.shape
+    wdtype = weight.dtype
+    if batch.sample_weight is None and class_weight is None:
+        return weight  # the same array: the step then places the metrics with it too
+    if batch.sample_weight is not None:
+        sample_weight = np.asarray(batch.sample_weight, wdtype)
+        if sample_weight.shape == (size,):
+            weight = weight * sample_weight[None, :]
+        elif sample_weight.shape == ((steps, size) if time_major else (size, steps)):
+            weight = weight * (sample_weight if time_major else sample_weight.T)
+        else:
+            raise ShapeError(f"sample_weight must have shape ({size},) (one per sequence) or "
+                             f"{(steps, size) if time_major else (size, steps)} (per step), got "
+                             f"{tuple(sample_weight.shape)}")
+    if class_weight is not None:
+        weight = weight * class_weight[np.asarray(ys, np.int64).reshape(steps, size)]
+    return weight.astype(wdtype)
+
+
+def class_table(class_weight: Mapping[int, float], y: Any) -> np.ndarray:
+    """``class_weight`` as a lookup table over the labels' range (1 where not named)."""
+    if not isinstance(class_weight, Mapping) or not class_weight:
+        raise ConfigError(f"class_weight must be a non-empty dict {{class: weight}}, got {class_weight!r}")
+    labels = np.asarray(y)
+    if y is None or not np.issubdtype(labels.dtype, np.integer):
+        raise ConfigError("class_weight needs integer class labels y")
+    for key, value in class_weight.items():
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool) or key < 0:
+            raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {key!r}")
+        if not isinstance(value, (int, float, np.number)) or not value >= 0:
+            raise ConfigError(f"class_weight[{key}] must be a number >= 0, got {value!r}")
+    table = np.ones(max(int(labels.max(initial=0)), *class_weight) + 1, np.float32)
+    for key, value in class_weight.items():
+        table[key] = value
+    return table

@@ -13,7 +13,7 @@ import optax
 
 from ..errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "get_optimizer"]
+__all__ = ["OPTIMIZERS", "find_hyperparams", "get_optimizer"]
 
 #: Keras name → (optax factory, Keras' default learning rate).
 OPTIMIZERS: dict[str, tuple[Any, float]] = {
@@ -53,3 +53,19 @@ def get_optimizer(optimizer: Any, learning_rate: float | None = None) -> optax.G
         raise ConfigError(f"optimizer must be a Keras name ({', '.join(OPTIMIZERS)}) or an optax "
                           f"GradientTransformation, got {type(optimizer).__name__}")
     return optimizer
+
+
+def find_hyperparams(opt_state: Any) -> dict | None:
+    """The ``hyperparams`` dict of the first ``optax.inject_hyperparams`` state in
+    ``opt_state`` (through chains), or None: where the learning rate can be read and set."""
+    found = []
+
+    def visit(node):
+        if hasattr(node, "hyperparams") and isinstance(node.hyperparams, dict):
+            found.append(node.hyperparams)
+        elif isinstance(node, (tuple, list)):
+            for child in node:
+                visit(child)
+
+    visit(opt_state)
+    return found[0] if found else None

@@ -1,12 +1,13 @@
 """``Trainer``: Keras-style ``fit`` / ``evaluate`` / ``predict`` over online learning rules.
 
-Each training step over a batch of sequences is **one** jitted call: the rule's scan
-over time (from the :class:`etrace_fit.Learner` compiled on the first batch), the metrics on the outputs
-that scan produced, and the optax update, compiled once per input shape (a last,
-smaller batch compiles once, not every epoch). Evaluation is one jitted call per batch
-as well. Data goes through :mod:`etrace_fit.training.data`; losses and metrics are per
-sample and placed on the last step, every step, or a mask (``loss_on``); callbacks get
-Keras' hooks.
+This module is the loop (``fit`` and the other Keras entry points); the pieces it uses
+live beside it: ``data.py`` (the forms of data, layouts, loss placement and weights),
+``step.py`` (the one jitted training step per input shape: the rule's scan from the
+:class:`etrace_fit.Learner` compiled on the first batch, metrics, the optax update),
+``logs.py`` (History, Keras' argument checks, the summary table), ``memory.py``,
+``optimizers.py``, ``losses.py``, ``metrics.py``, ``checkpoint.py``. A last, smaller
+batch compiles once, not every epoch; evaluation is one jitted call per batch as well.
+Callbacks get Keras' hooks.
 """
 
 from __future__ import annotations
@@ -32,177 +33,26 @@ from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from . import checkpoint
 from ..errors import ConfigError, ShapeError
-from .data import Batch, batches, check_finite, check_shuffle, split_validation
+from .data import (Arrays, Batch, batch_major, batches, check_finite, check_shuffle, class_table, loss_weight,
+                   placement, split_validation)
+from .logs import History, check_verbose, keras_result, model_summary, validation_schedule
+from .memory import check_trace_memory, device_memory
+from .step import build_train_step, placed_metrics
 from .losses import check_labels, get_loss
 from .metrics import get_metrics
-from .optimizers import get_optimizer
+from .optimizers import find_hyperparams, get_optimizer
 
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 
 LOSS_PLACEMENTS = ("last", "all", "mask")
 
 
-def device_memory() -> int:
-    """Bytes of memory of the first device: its ``bytes_limit`` where the runtime says
-    (GPUs), else the host's physical memory (CPU)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_trace_memory(plan: Any, batch_size: int, available: int | None = None) -> None:
-    """``ConfigError`` before training when the traces of ``batch_size`` samples alone
-    would not fit in the device's memory, naming the largest batch that would."""
-    per_sample = plan.bytes_per_sample()
-    available = device_memory() if available is None else available
-    if per_sample * batch_size > available:
-        fits = available // max(per_sample, 1)
-        raise ConfigError(
-            f"the eligibility traces of a batch of {batch_size} need {per_sample * batch_size / 2**30:.2f} GiB "
-            f"({per_sample / 2**20:.2f} MiB per sample) but the device has {available / 2**30:.2f} GiB: use a batch "
-            f"size of at most {fits}, a smaller memory_budget (per sample) so hybrid picks ES-D-RTRL for more "
-            f"weights, or trace_dtype bfloat16; trainer.report() lists the traces")
-
-
-def check_verbose(verbose: Any) -> int:
-    """Keras' ``verbose``: ``"auto"`` (= 1), 0, 1 or 2; anything else is a ConfigError."""
-    if verbose == "auto":
-        return 1
-    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
-        raise ConfigError(f"verbose must be 'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch), "
-                          f"got {verbose!r}")
-    return int(verbose)
-
-
-def validation_schedule(validation_freq: Any):
-    """Keras' ``validation_freq`` as a predicate on the 0-based epoch: an int ``n``
-    validates every ``n``-th epoch, a collection at the listed 1-based epochs."""
-    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool):
-        if validation_freq < 1:
-            raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
-        return lambda epoch: (epoch + 1) % validation_freq == 0
-    try:
-        listed = {int(e) for e in validation_freq}
-    except (TypeError, ValueError):
-        raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}") from None
-    return lambda epoch: epoch + 1 in listed
-
-
-def _weight_dtype(x: np.ndarray) -> Any:
-    """Loss weights in float64 for float64 data (exactness tests), else float32."""
-    return np.float64 if x.dtype == np.float64 else np.float32
-
-
-def _keras_result(logs: dict[str, float], return_dict: bool) -> Any:
-    """Keras' ``*_on_batch`` result: the dict, the loss alone, or ``[loss, *metrics]``."""
-    if return_dict:
-        return logs
-    return logs["loss"] if len(logs) == 1 else list(logs.values())
-
-
-class Arrays:
-    """Batch-major array data: ``x (N, T, ...)``, ``y`` and ``mask`` or None."""
-
-    def __init__(self, x: Any, y: Any = None, mask: Any = None):
-        self.x, self.y, self.mask = x, y, mask
-
-
-def _batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
-    """Time-major arrays ``x (T, N, ...)``, per-step ``y (T, N, ...)`` or per-sequence
-    ``y (N, ...)``, and ``(T, N)`` weights or masks (or ``(N,)``) as batch-major views;
-    a ``y`` that fits neither reading is an error saying which layout was assumed."""
-    if np.ndim(x) < 3:
-        raise ShapeError(f"{name} must be (time, batch, features) with time_major=True, got shape {tuple(np.shape(x))}")
-    steps, size = np.shape(x)[:2]
-    swap = lambda a: None if a is None else np.swapaxes(np.asarray(a), 0, 1)  # noqa: E731
-    if y is not None:
-        shape = np.shape(y)
-        if len(shape) >= 2 and shape[:2] == (steps, size):
-            y = swap(y)
-        elif not shape or shape[0] != size:
-            hint = " — x looks batch-major: pass time_major=False" if shape and shape[0] == steps else ""
-            raise ShapeError(f"time_major=True reads {name} of shape {tuple(np.shape(x))} as (time={steps}, "
-                             f"batch={size}, ...), but y has shape {tuple(shape)}; expected ({size}, ...) per "
-                             f"sequence or ({steps}, {size}, ...) per step{hint}")
-    if weights is not None and np.ndim(weights) == 2:
-        weights = swap(weights)
-    return swap(x), y, weights
-
-
-def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
-    """The table of :meth:`Trainer.summary` (``learner``: the compiled one, or None)."""
-    nodes = {path: node for path, node in model.nodes().items()}
-    params = model.states(brainstate.ParamState)
-    hidden = model.states(brainstate.HiddenState)
-    rules, trace = {}, {}
-    if learner is not None and learner.plan is not None:
-        for pair, rule, size in zip(learner.plan.pairs, learner.plan.rules, learner.plan.trace_bytes(1)):
-            name = format_path(pair.relation.weight_path)
-            rules.setdefault(name, []).append(rule.name)
-            trace[name] = trace.get(name, 0) + size
-    owners = sorted({path[:-1] for path in (*params, *hidden)}, key=lambda p: [str(k) for k in p])
-    rows = [("layer (type)", "params", "hidden states (per sample)", "rule", "traces / sample")]
-    total_params = total_trace = 0
-    for owner in owners:
-        node = nodes.get(owner)
-        kind = type(node).__name__ if node is not None else "?"
-        count = sum(int(np.size(leaf)) for path, state in params.items() if path[:-1] == owner
-                    for leaf in jax.tree.leaves(state.value))
-        total_params += count
-        states = ", ".join(f"{path[-1]} {tuple(np.shape(jax.tree.leaves(state.value)[0]))[1:]}"
-                           for path, state in hidden.items() if path[:-1] == owner)
-        names = [format_path(path) for path in params if path[:-1] == owner]
-        rule = ", ".join(f"{n.rsplit('.', 1)[-1]}: {'+'.join(dict.fromkeys(rules[n]))}" for n in names if n in rules)
-        if not rule and names:
-            rule = "bptt" if algo == "bptt" else ("(at first batch)" if learner is None else "untraced")
-        size = sum(trace.get(n, 0) for n in names)
-        total_trace += size
-        rows.append((f"{format_path(owner) or '(model)'} ({kind})", f"{count:,}", states or "-", rule or "-",
-                     _human_bytes(size) if size else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
-    rule_line = "-" * len(line(rows[0]))
-    out = [f'Model: "{type(model).__name__}"', rule_line, line(rows[0]), rule_line, *map(line, rows[1:]), rule_line,
-           f"Total params: {total_params:,}"]
-    if learner is None:
-        out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
-    elif learner.plan is None:
-        out.append("Rules: algo='bptt' (no traces; memory grows with the sequence length)")
-    else:
-        out.append(f"Trace memory: {_human_bytes(total_trace)} per sample "
-                   f"(x batch size; {jnp.dtype(learner.plan.trace_dtype).name})")
-        approximate = learner.approximations()
-        out.append(f"Approximate online gradients: {', '.join(approximate)}" if approximate
-                   else "Every weight gets its exact (BPTT) gradient")
-    return "\n".join(out)
-
-
-def _human_bytes(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
-
-
-class History:
-    """Per-epoch logs of one ``fit``, as in Keras: ``history.history["loss"]`` is a list,
-    one per epoch; ``history.epoch`` the epoch numbers; ``history.params`` the fit's
-    ``{"verbose", "epochs", "steps"}``; ``history.model`` the trainer."""
-
-    def __init__(self, params: Mapping | None = None, model: Any = None):
-        self.history: dict[str, list[float]] = {}
-        self.epoch: list[int] = []
-        self.params: dict = dict(params or {})
-        self.model = model
-
-    def append(self, epoch: int, logs: Mapping[str, float]) -> None:
-        self.epoch.append(epoch)
-        for key, value in logs.items():
-            self.history.setdefault(key, []).append(float(value))
+@jax.jit
+def _norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Array]:
+    """The global gradient norm and the largest trace norm, in one call (one sync)."""
+    gradient = optax.global_norm(gradients) if gradients is not None else jnp.zeros(())
+    traces = [jnp.max(n) for n in jax.tree.leaves(trace_norms)]
+    return gradient, jnp.max(jnp.stack(traces)) if traces else jnp.zeros(())
 
 
 class Trainer:
@@ -339,67 +189,9 @@ class Trainer:
         return self.model.states(brainstate.ParamState)
 
     def _time_major(self, batch: Batch, time_major: bool | None = None) -> tuple[np.ndarray, Any, np.ndarray]:
-        """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
-        (numpy: no device work per batch before the one jitted step). ``weights`` place
-        the loss (``loss_on``) and carry the batch's ``sample_weight``."""
-        time_major = self.time_major if time_major is None else time_major
-        x = np.asarray(batch.x)
-        if x.ndim < 3:
-            raise ShapeError(f"x must be {'(time, batch, features)' if time_major else '(batch, time, features)'}"
-                             f" with at least 3 axes, got shape {tuple(x.shape)}")
-        xs = x if time_major else np.swapaxes(x, 0, 1)
-        steps, size = xs.shape[0], xs.shape[1]
-        wdtype = _weight_dtype(x)
-        if self.loss_on == "mask":
-            if batch.mask is None:
-                raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")
-            mask = np.asarray(batch.mask, wdtype)
-            mask = mask if time_major else mask.T
-            if mask.shape != (steps, size):
-                raise ShapeError(f"mask must have shape {(size, steps)} (batch, time), got {tuple(np.shape(batch.mask))}")
-            weight = mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0)
-        elif self.loss_on == "all":
-            weight = np.full((steps, size), 1.0 / steps, wdtype)
-        else:
-            weight = np.zeros((steps, size), wdtype)
-            weight[-1] = 1.0
-        y = None if batch.y is None else np.asarray(batch.y)
-        if y is None:
-            ys = np.zeros((steps, size), np.float32)
-        elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if time_major else (size, steps)):
-            ys = y if time_major else np.swapaxes(y, 0, 1)  # per-step targets
-        elif y.shape[:1] == (size,):
-            ys = np.broadcast_to(y, (steps, *y.shape))  # one target per sequence
-        else:
-            layout = "(time, batch, ...)" if time_major else "(batch, time, ...)"
-            hint = (" x looks batch-major: pass time_major=False" if time_major and y.shape[:1] == (steps,)
-                    else " x looks time-major: pass time_major=True" if not time_major and y.shape[:1] == (steps,)
-                    else "")
-            raise ShapeError(f"x of shape {tuple(x.shape)} is read as {layout}: {size} sequences of {steps} steps, "
-                             f"but y has shape {tuple(y.shape)}; expected ({size}, ...) per sequence or "
-                             f"{(steps, size) if time_major else (size, steps)} per step.{hint}")
-        return xs, ys, weight.astype(wdtype)
-
-    def _loss_weight(self, batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: np.ndarray | None,
-                     time_major: bool) -> np.ndarray:
-        """The placement ``weight (T, B)`` times the batch's ``sample_weight`` and the
-        class weight of each step's label (what the loss uses; metrics are unweighted,
-        as in Keras)."""
-        steps, size = weight.shape
-        wdtype = weight.dtype
-        if batch.sample_weight is not None:
-            sample_weight = np.asarray(batch.sample_weight, wdtype)
-            if sample_weight.shape == (size,):
-                weight = weight * sample_weight[None, :]
-            elif sample_weight.shape == ((steps, size) if time_major else (size, steps)):
-                weight = weight * (sample_weight if time_major else sample_weight.T)
-            else:
-                raise ShapeError(f"sample_weight must have shape ({size},) (one per sequence) or "
-                                 f"{(steps, size) if time_major else (size, steps)} (per step), got "
-                                 f"{tuple(sample_weight.shape)}")
-        if class_weight is not None:
-            weight = weight * class_weight[np.asarray(ys, np.int64).reshape(steps, size)]
-        return weight.astype(wdtype)
+        """:func:`~etrace_fit.training.data.placement` with this trainer's ``loss_on``
+        and layout."""
+        return placement(batch, self.loss_on, self.time_major if time_major is None else time_major)
 
     def _ensure_states(self, batch_size: int) -> None:
         """Create the hidden states of a model no batch has run through yet."""
@@ -450,9 +242,7 @@ class Trainer:
             check_labels(np.asarray(ys), int(out.shape[-1]))
 
     def _metrics(self, outputs, ys, weight) -> dict[str, jax.Array]:
-        """Each metric placed like the loss (traceable: runs inside the jitted step)."""
-        return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1]
-                for name, fn in self.metric_fns.items()}
+        return placed_metrics(self.metric_fns, outputs, ys, weight)
 
     # ------------------------------------------------------------------ public
     def fit(
@@ -510,7 +300,7 @@ class Trainer:
         if (sample_weight is not None or class_weight is not None) and not is_array:
             raise ConfigError("sample_weight and class_weight apply to array data (x, y)")
         if is_array and self.time_major:  # batches are cut along the batch axis: read it batch-major
-            x, y, sample_weight = _batch_major(x, y, sample_weight)
+            x, y, sample_weight = batch_major(x, y, sample_weight)
         if validation_split:
             if not is_array:
                 raise ConfigError("validation_split needs array data; pass validation_data for iterables")
@@ -522,7 +312,7 @@ class Trainer:
             validation = self._as_data(validation_data, "validation_data")
         if is_array:
             check_finite(x)
-        class_table = None if class_weight is None else self._class_table(class_weight, y)
+        weights_by_class = None if class_weight is None else class_table(class_weight, y)
         self.sample_input = self.sample_inputs = self.sample_label = None
         self.batch_size = batch_size
         if isinstance(validation, Arrays):
@@ -569,7 +359,7 @@ class Trainer:
                     break
                 time_major = self.time_major and not is_array
                 xs, ys, weight = self._time_major(batch, time_major)
-                loss_weight = self._loss_weight(batch, ys, weight, class_table, time_major)
+                weighted = loss_weight(batch, ys, weight, weights_by_class, time_major)
                 if not is_array:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
@@ -579,7 +369,7 @@ class Trainer:
                         self.sample_input = self.sample_inputs[0]
                         self.sample_label = np.asarray(ys[-1, 0]).tolist()
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
-                loss, logs, finite = self._train_batch(params, xs, ys, loss_weight, weight)
+                loss, logs, finite = self._train_batch(params, xs, ys, weighted, weight)
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))
                 records.append((xs.shape[1], loss, logs, finite))
                 if self.stop_training:
@@ -610,10 +400,8 @@ class Trainer:
         if self._norms_warned:
             return
         gradient = trace = 0.0
-        if self.last_gradients is not None:
-            gradient = float(optax.global_norm(self.last_gradients))
-        if self.last_trace_norms:
-            trace = max(float(jnp.max(norm)) for norm in self.last_trace_norms.values())
+        if self.last_gradients is not None or self.last_trace_norms:
+            gradient, trace = (float(v) for v in _norms(self.last_gradients, self.last_trace_norms))
         found = []
         if not gradient <= self.EXPLODING_GRADIENT_NORM:
             found.append(f"the gradient norm is {gradient:.3g}")
@@ -625,23 +413,6 @@ class Trainer:
                           f"float32; clip the gradient (Trainer(grad_clip=1.0)), lower the learning rate, or use "
                           f"trace_dtype float64 (TensorBoard's norms/ scalars follow them)", RuntimeWarning,
                           stacklevel=3)
-
-    def _class_table(self, class_weight: Mapping[int, float], y: Any) -> np.ndarray:
-        """``class_weight`` as a lookup table over the labels' range (1 where not named)."""
-        if not isinstance(class_weight, Mapping) or not class_weight:
-            raise ConfigError(f"class_weight must be a non-empty dict {{class: weight}}, got {class_weight!r}")
-        labels = np.asarray(y)
-        if y is None or not np.issubdtype(labels.dtype, np.integer):
-            raise ConfigError("class_weight needs integer class labels y")
-        for key, value in class_weight.items():
-            if not isinstance(key, (int, np.integer)) or isinstance(key, bool) or key < 0:
-                raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {key!r}")
-            if not isinstance(value, (int, float, np.number)) or not value >= 0:
-                raise ConfigError(f"class_weight[{key}] must be a number >= 0, got {value!r}")
-        table = np.ones(max(int(labels.max(initial=0)), *class_weight) + 1, np.float32)
-        for key, value in class_weight.items():
-            table[key] = value
-        return table
 
     def _warn_spiking_readout(self) -> None:
         """Spikes of the last step alone carry almost no gradient: say what learns."""
@@ -670,53 +441,8 @@ class Trainer:
         return self.learner.compiled(xs, (ys, weight))
 
     def _build_step(self, compiled):
-        """The whole training step over one batch as one pure function (jitted once
-        per compiled program, i.e. per input shape). Steps whose loss weight is zero
-        for every sample skip the online rules' pull-back; an update whose loss is not
-        finite is not applied (the step says so in its last output)."""
-        program, optimizer = compiled.program, self.optimizer
-        paths = {format_path(s.path): s.path for s in compiled.module.weights}
-        pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
-        every = self.update_every
-        # With the loss at every step nothing is skipped: no per-step branch at all.
-        skips = self.loss_on != "all" and compiled.plan is not None
-
-        def collected_logs(losses, collected, ys, metric_weight):
-            norms = {}
-            for name, norm in zip(pair_names, collected.trace_norms):
-                norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
-            return losses.sum(), self._metrics(collected.outputs, ys, metric_weight), norms
-
-        def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces):
-            weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
-            options = {}
-            if skips:  # "last" is known statically: no per-step branch in the program
-                options["active"] = "last" if self.loss_on == "last" else jnp.any(weight != 0, axis=1)
-            if every is None:
-                grad_leaves, losses, final, collected, *stream = program.run(
-                    weights, state_leaves, xs_leaves, (ys, weight), collect=True, traces=traces, **options)
-                read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
-                grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
-                         for name, value in values.items()}
-                updates, new_opt_state = optimizer.update(grads, opt_state, values)
-                new_values = optax.apply_updates(values, updates)
-            else:  # the optimizer runs inside the scan; its state is over the weight leaves
-                weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
-                    weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True,
-                    traces=traces, **options)
-                new_values = dict(values)
-                new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
-                grads = None
-            loss, logs, norms = collected_logs(losses, collected, ys, metric_weight)
-            # An update is applied only when the loss and what it is made from are finite:
-            # an overflowing trace gives a NaN gradient under a finite loss.
-            made_from = jax.tree.leaves(grads if grads is not None else new_values)
-            finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
-            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-            new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
-            return new_values, new_opt_state, final, grads, loss, logs, norms, finite, (stream or [None])[0]
-
-        return jax.jit(train_step)
+        """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
+        return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every)
 
     def _batch_program(self, xs, ys, weight):
         """``(compiled, jitted step)`` for this batch's shapes, kept per shape for the
@@ -763,7 +489,7 @@ class Trainer:
             traces = compiled.program.init_traces(xs.shape[1])
         leaves = compiled.state_leaves()
         new_values, self.opt_state, final, grads, loss, logs, norms, finite, traces = step(
-            values, self.opt_state, leaves, [xs], ys, weight, weight if metric_weight is None else metric_weight,
+            values, self.opt_state, leaves, [xs], ys, weight, None if metric_weight is weight else metric_weight,
             traces)
         for path, state in params.items():
             state.value = new_values[format_path(path)]
@@ -797,7 +523,7 @@ class Trainer:
         if isinstance(data, tuple) and len(data) in (2, 3) and hasattr(data[0], "shape"):
             x, y, mask = (*data, None)[:3]
             if self.time_major:
-                x, y, mask = _batch_major(x, y, mask, name=name)
+                x, y, mask = batch_major(x, y, mask, name=name)
             return Arrays(x, y, mask)
         if isinstance(data, (tuple, list)) and data and hasattr(data[0], "shape"):
             raise ConfigError(f"{name} must be (x, y), (x, y, mask) or an iterable of batches; got a "
@@ -859,8 +585,8 @@ class Trainer:
         if batch.sample_weight is not None and self.time_major and np.ndim(batch.sample_weight) == 2:
             batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))
         xs, ys, weight = self._time_major(batch, False)
-        table = None if class_weight is None else self._class_table(class_weight, data.y)
-        return xs, ys, self._loss_weight(batch, ys, weight, table, False), weight
+        table = None if class_weight is None else class_table(class_weight, data.y)
+        return xs, ys, loss_weight(batch, ys, weight, table, False), weight
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None,
                        return_dict: bool = False) -> Any:
@@ -869,22 +595,22 @@ class Trainer:
         ``stateful=True`` consecutive calls continue the same streams — hidden states
         and eligibility traces carry — so a stream fed in chunks learns online; call
         :meth:`reset_states` between streams."""
-        xs, ys, loss_weight, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch")
+        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch")
         if self.learner is None:
             self._check_first(xs, ys)
-        loss, logs, finite = self._train_batch(self._params(), xs, ys, loss_weight, weight)
+        loss, logs, finite = self._train_batch(self._params(), xs, ys, weighted, weight)
         if not bool(finite):
             self.skipped_batches += 1
             warnings.warn("train_on_batch: the loss or gradient is not finite; the update was not applied",
                           RuntimeWarning, stacklevel=2)
-        return _keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict)
+        return keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
         """Loss and metrics of one batch without an update, as Keras'
         ``test_on_batch``: from reset states, or for a stateful trainer from its
         streams' current states (which it leaves where they were: the streams' traces
         only follow training)."""
-        xs, ys, loss_weight, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch")
+        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch")
         self._ensure_states(xs.shape[1])
         carry = self.stateful
         if carry:
@@ -892,9 +618,9 @@ class Trainer:
         if self._eval_step is None:
             self._eval_step = self._build_eval_step()
         with self._keeping_streams():
-            logs = self._eval_step(xs, ys, loss_weight, carry)
+            logs = self._eval_step(xs, ys, weighted, carry)
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
-        return _keras_result(logs, return_dict)
+        return keras_result(logs, return_dict)
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
                  callbacks: Sequence[Any] | None = None) -> dict[str, float]:
@@ -1012,17 +738,7 @@ class Trainer:
             self.learning_rate, self._pending_learning_rate = self._pending_learning_rate, None
 
     def _hyperparams(self) -> dict | None:
-        found = []
-
-        def visit(node):
-            if hasattr(node, "hyperparams") and isinstance(node.hyperparams, dict):
-                found.append(node.hyperparams)
-            elif isinstance(node, (tuple, list)):
-                for child in node:
-                    visit(child)
-
-        visit(self.opt_state)
-        return found[0] if found else None
+        return find_hyperparams(self.opt_state)
 
     @property
     def learning_rate(self) -> float | None:

@@ -226,7 +226,7 @@ def test_batch_logs_are_read_only_floats_that_wait_for_the_device():
 def test_traces_that_do_not_fit_the_device_fail_before_training(monkeypatch):
     """At fit start the batch's traces are checked against the device's memory; the
     error names the batch size that would fit, and no update is applied."""
-    from etrace_fit.training import trainer as trainer_module
+    from etrace_fit.training import memory as trainer_module
 
     x, y = _data(16)
     trainer = ef.Trainer(_model(), algo="d_rtrl")

@@ -1,0 +1,120 @@
+"""Logs of a ``fit``: Keras' ``History``, the ``verbose`` and ``validation_freq``
+arguments, the ``*_on_batch`` results, and the model summary's table."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..compiler import format_path
+from ..errors import ConfigError
+
+__all__ = ["History", "check_verbose", "human_bytes", "keras_result", "model_summary", "validation_schedule"]
+
+
+class History:
+    """Per-epoch logs of one ``fit``, as in Keras: ``history.history["loss"]`` is a list,
+    one per epoch; ``history.epoch`` the epoch numbers; ``history.params`` the fit's
+    ``{"verbose", "epochs", "steps"}``; ``history.model`` the trainer."""
+
+    def __init__(self, params: Mapping | None = None, model: Any = None):
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+        self.params: dict = dict(params or {})
+        self.model = model
+
+    def append(self, epoch: int, logs: Mapping[str, float]) -> None:
+        self.epoch.append(epoch)
+        for key, value in logs.items():
+            self.history.setdefault(key, []).append(float(value))
+
+
+def check_verbose(verbose: Any) -> int:
+    """Keras' ``verbose``: ``"auto"`` (= 1), 0, 1 or 2; anything else is a ConfigError."""
+    if verbose == "auto":
+        return 1
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise ConfigError(f"verbose must be 'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch), "
+                          f"got {verbose!r}")
+    return int(verbose)
+
+
+def validation_schedule(validation_freq: Any):
+    """Keras' ``validation_freq`` as a predicate on the 0-based epoch: an int ``n``
+    validates every ``n``-th epoch, a collection at the listed 1-based epochs."""
+    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool):
+        if validation_freq < 1:
+            raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
+        return lambda epoch: (epoch + 1) % validation_freq == 0
+    try:
+        listed = {int(e) for e in validation_freq}
+    except (TypeError, ValueError):
+        raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}") from None
+    return lambda epoch: epoch + 1 in listed
+
+
+def keras_result(logs: dict[str, float], return_dict: bool) -> Any:
+    """Keras' ``*_on_batch`` result: the dict, the loss alone, or ``[loss, *metrics]``."""
+    if return_dict:
+        return logs
+    return logs["loss"] if len(logs) == 1 else list(logs.values())
+
+
+def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
+    """The table of :meth:`Trainer.summary` (``learner``: the compiled one, or None)."""
+    nodes = {path: node for path, node in model.nodes().items()}
+    params = model.states(brainstate.ParamState)
+    hidden = model.states(brainstate.HiddenState)
+    rules, trace = {}, {}
+    if learner is not None and learner.plan is not None:
+        for pair, rule, size in zip(learner.plan.pairs, learner.plan.rules, learner.plan.trace_bytes(1)):
+            name = format_path(pair.relation.weight_path)
+            rules.setdefault(name, []).append(rule.name)
+            trace[name] = trace.get(name, 0) + size
+    owners = sorted({path[:-1] for path in (*params, *hidden)}, key=lambda p: [str(k) for k in p])
+    rows = [("layer (type)", "params", "hidden states (per sample)", "rule", "traces / sample")]
+    total_params = total_trace = 0
+    for owner in owners:
+        node = nodes.get(owner)
+        kind = type(node).__name__ if node is not None else "?"
+        count = sum(int(np.size(leaf)) for path, state in params.items() if path[:-1] == owner
+                    for leaf in jax.tree.leaves(state.value))
+        total_params += count
+        states = ", ".join(f"{path[-1]} {tuple(np.shape(jax.tree.leaves(state.value)[0]))[1:]}"
+                           for path, state in hidden.items() if path[:-1] == owner)
+        names = [format_path(path) for path in params if path[:-1] == owner]
+        rule = ", ".join(f"{n.rsplit('.', 1)[-1]}: {'+'.join(dict.fromkeys(rules[n]))}" for n in names if n in rules)
+        if not rule and names:
+            rule = "bptt" if algo == "bptt" else ("(at first batch)" if learner is None else "untraced")
+        size = sum(trace.get(n, 0) for n in names)
+        total_trace += size
+        rows.append((f"{format_path(owner) or '(model)'} ({kind})", f"{count:,}", states or "-", rule or "-",
+                     human_bytes(size) if size else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
+    rule_line = "-" * len(line(rows[0]))
+    out = [f'Model: "{type(model).__name__}"', rule_line, line(rows[0]), rule_line, *map(line, rows[1:]), rule_line,
+           f"Total params: {total_params:,}"]
+    if learner is None:
+        out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
+    elif learner.plan is None:
+        out.append("Rules: algo='bptt' (no traces; memory grows with the sequence length)")
+    else:
+        out.append(f"Trace memory: {human_bytes(total_trace)} per sample "
+                   f"(x batch size; {jnp.dtype(learner.plan.trace_dtype).name})")
+        approximate = learner.approximations()
+        out.append(f"Approximate online gradients: {', '.join(approximate)}" if approximate
+                   else "Every weight gets its exact (BPTT) gradient")
+    return "\n".join(out)
+
+
+def human_bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"

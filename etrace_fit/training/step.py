@@ -1,0 +1,79 @@
+"""The training step: one pure jitted function per compiled program that runs the rule's
+scan over a batch, the loss and metrics on its outputs, and the optax update."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ..compiler import format_path
+
+__all__ = ["build_train_step", "placed_metrics"]
+
+
+def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight: jax.Array) -> dict[str, jax.Array]:
+    """Each metric placed in time like the loss, averaged over samples (traceable)."""
+    return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1] for name, fn in metric_fns.items()}
+
+
+def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
+                     update_every: int | None):
+    """The whole training step over one batch as one pure jitted function (built once
+    per compiled program, i.e. per input shape):
+
+    ``step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces)
+    -> (new values, new opt_state, final state leaves, grads, loss, metrics, trace norms,
+    finite, traces)``
+
+    ``values`` are the weights keyed by path, ``weight`` places and weights the loss,
+    ``metric_weight`` places the metrics (None: ``weight`` does), ``traces`` a stream's
+    :class:`~etrace_fit.algorithms.online.TraceState` or None. Steps whose loss weight
+    is zero for every sample skip the online rules' pull-back; an update whose loss or
+    gradient is not finite is not applied (``finite`` says so)."""
+    program = compiled.program
+    paths = {format_path(s.path): s.path for s in compiled.module.weights}
+    pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
+    every = update_every
+    # With the loss at every step nothing is skipped: no per-step branch at all.
+    skips = loss_on != "all" and compiled.plan is not None
+
+    def collected_logs(losses, collected, ys, metric_weight):
+        norms = {}
+        for name, norm in zip(pair_names, collected.trace_norms):
+            norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
+        return losses.sum(), placed_metrics(metric_fns, collected.outputs, ys, metric_weight), norms
+
+    def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces):
+        weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
+        options = {}
+        if skips:  # "last" is known statically: no per-step branch in the program
+            options["active"] = "last" if loss_on == "last" else jnp.any(weight != 0, axis=1)
+        if every is None:
+            grad_leaves, losses, final, collected, *stream = program.run(
+                weights, state_leaves, xs_leaves, (ys, weight), collect=True, traces=traces, **options)
+            read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
+            grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
+                     for name, value in values.items()}
+            updates, new_opt_state = optimizer.update(grads, opt_state, values)
+            new_values = optax.apply_updates(values, updates)
+        else:  # the optimizer runs inside the scan; its state is over the weight leaves
+            weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
+                weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True,
+                traces=traces, **options)
+            new_values = dict(values)
+            new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
+            grads = None
+        metric_weight = weight if metric_weight is None else metric_weight
+        loss, logs, norms = collected_logs(losses, collected, ys, metric_weight)
+        # An update is applied only when the loss and what it is made from are finite:
+        # an overflowing trace gives a NaN gradient under a finite loss.
+        made_from = jax.tree.leaves(grads if grads is not None else new_values)
+        finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
+        return new_values, new_opt_state, final, grads, loss, logs, norms, finite, (stream or [None])[0]
+
+    return jax.jit(train_step)
