@@ -26,7 +26,7 @@ from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
 from .registry import ONLINE_ALGOS, check_algo, make_rule
 
-__all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "make_plan", "parse_bytes"]
+__all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "format_bytes", "make_plan", "parse_bytes"]
 
 #: Trace memory per sample the hybrid may spend on D-RTRL when no budget is given: at
 #: batch 32 that is 128 MiB (a GRU(64→128) needs 0.3 MiB per sample for D-RTRL everywhere).
@@ -99,25 +99,26 @@ class Plan:
         rows = [("weight", "primitive", "hidden group", "rule", "trace memory", "gradient")]
         for pair, rule, size in zip(self.pairs, self.rules, self.trace_bytes()):
             name = format_path(pair.relation.weight_path)
-            rows.append((name, pair.relation.primitive, pair.group.name, rule.name, _bytes(size),
+            rows.append((name, pair.relation.primitive, pair.group.name, rule.name, format_bytes(size),
                          "approximate" if name in approximate else "exact"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "-+-".join("-" * w for w in widths))
-        total = _bytes(sum(self.trace_bytes()))
+        total = format_bytes(sum(self.trace_bytes()))
         if self.memory_budget is not None:
-            budget = f", budget {_bytes(self.memory_budget)} per sample"
+            budget = f", budget {format_bytes(self.memory_budget)} per sample"
         else:
-            budget = f", budget {_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
+            budget = f", budget {format_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
         why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
         return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
-                f"{jnp.dtype(self.trace_dtype).name}, total {total}: {_bytes(self.bytes_per_sample())} per sample"
+                f"{jnp.dtype(self.trace_dtype).name}, total {total}: {format_bytes(self.bytes_per_sample())} per sample"
                 f"{budget}):\n" + "\n".join(lines)
                 + (f"\n\napproximate online gradients (compare with BPTT: ef.gradient_fidelity):{why}"
                    if approximate else "\n\nevery weight gets its exact (BPTT) gradient"))
 
 
-def _bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``1536`` → ``"1.5 KiB"`` (reports and summaries)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

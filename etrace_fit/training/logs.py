@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..algorithms.hybrid import format_bytes
 from ..compiler import format_path
 from ..errors import ConfigError
 
-__all__ = ["History", "check_verbose", "human_bytes", "keras_result", "model_summary", "validation_schedule"]
+__all__ = ["History", "check_verbose", "keras_result", "model_summary", "validation_schedule"]
 
 
 class History:
@@ -93,7 +94,7 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
         size = sum(trace.get(n, 0) for n in names)
         total_trace += size
         rows.append((f"{format_path(owner) or '(model)'} ({kind})", f"{count:,}", states or "-", rule or "-",
-                     human_bytes(size) if size else "-"))
+                     format_bytes(size) if size else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
     rule_line = "-" * len(line(rows[0]))
@@ -104,17 +105,9 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
     elif learner.plan is None:
         out.append("Rules: algo='bptt' (no traces; memory grows with the sequence length)")
     else:
-        out.append(f"Trace memory: {human_bytes(total_trace)} per sample "
+        out.append(f"Trace memory: {format_bytes(total_trace)} per sample "
                    f"(x batch size; {jnp.dtype(learner.plan.trace_dtype).name})")
         approximate = learner.approximations()
         out.append(f"Approximate online gradients: {', '.join(approximate)}" if approximate
                    else "Every weight gets its exact (BPTT) gradient")
     return "\n".join(out)
-
-
-def human_bytes(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
