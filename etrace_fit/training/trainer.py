@@ -47,6 +47,12 @@ __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 LOSS_PLACEMENTS = ("last", "all", "mask")
 
 
+def _class_label(value: Any) -> int | None:
+    """An integer class label as an int (for dashboards), anything else as None."""
+    value = np.asarray(value)
+    return int(value) if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) else None
+
+
 @jax.jit
 def _norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Array]:
     """The global gradient norm and the largest trace norm, in one call (one sync)."""
@@ -320,7 +326,7 @@ class Trainer:
             if len(validation.x):
                 self.sample_inputs = np.asarray(validation.x[:8])
                 self.sample_input = self.sample_inputs[0]
-                self.sample_label = None if validation.y is None else np.asarray(validation.y[0]).tolist()
+                self.sample_label = None if validation.y is None else _class_label(validation.y[0])
         self.stop_training = False
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
@@ -367,7 +373,7 @@ class Trainer:
                     if self.sample_input is None:
                         self.sample_inputs = np.swapaxes(np.asarray(xs[:, :8]), 0, 1)
                         self.sample_input = self.sample_inputs[0]
-                        self.sample_label = np.asarray(ys[-1, 0]).tolist()
+                        self.sample_label = _class_label(ys[-1, 0])
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
                 loss, logs, finite = self._train_batch(params, xs, ys, weighted, weight)
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))

@@ -114,6 +114,7 @@ def test_tags_are_readable_and_norms_firing_and_histograms_are_written(run):
     texts = {tag for tag, _, v in values if v.metadata.plugin_data.plugin_name == "text"}
     assert {"model_summary/text_summary", "compile_report/text_summary"} <= texts
     assert ("spikes/raster", "image") in kinds
+    assert trainer.sample_label in (0, 1) and trainer.sample_inputs.shape == (4, T, C)  # 4 validation sequences
 
 
 def test_hparams_hold_every_hyperparameter_and_the_final_and_best_metrics(run):
