@@ -30,7 +30,7 @@ from .base import traced_pairs
 from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
-from .online import TraceState, build_online
+from .online import TraceState, _assemble, build_online
 from .registry import check_algo
 
 __all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
@@ -259,17 +259,18 @@ class Learner:
         module = compiled.module
         paths = {format_path(s.path): s.path for s in module.weights}
         weights = compiled.weight_leaves({paths[name]: value for name, value in state.weights.items() if name in paths})
-        leaves = _assemble_leaves(module, weights, state.states)
-        active = jnp.asarray(active) if active is not None and not isinstance(active, str) else active
+        weights_at = list(module.weight_leaf_positions)
+        others_at = [n for n in range(len(weights_at) + len(state.states)) if n not in weights_at]
+        leaves = _assemble(weights_at, others_at, weights, state.states)
         if isinstance(active, str):
-            raise ConfigError("learner.step takes active as a (T,) bool array or None")
+            raise ConfigError(f"learner.step takes active as a (T,) bool array or None, got {active!r}")
+        active = None if active is None else jnp.asarray(active, bool)
         grad_leaves, losses, final, traces = run(weights, leaves, jax.tree.leaves(xs), targets,
                                                  TraceState(state.traces, state.t), active)
         per_state = compiled.per_state(grad_leaves)
         grads = {name: per_state[path] if path in per_state else jax.tree.map(jnp.zeros_like, state.weights[name])
                  for name, path in ((n, paths.get(n)) for n in state.weights)}
-        weights_at = set(module.weight_leaf_positions)
-        states = [leaf for position, leaf in enumerate(final) if position not in weights_at]
+        states = [final[n] for n in others_at]
         return grads, losses, LearnerState(state.weights, states, list(traces.traces), traces.t)
 
     def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
@@ -282,15 +283,6 @@ class Learner:
         grads = compiled.per_state(grads_leaves)
         return {path: grads[path] if path in grads else jax.tree.map(jnp.zeros_like, param.value)
                 for path, param in self.model.states(brainstate.ParamState).items()}, losses
-
-
-def _assemble_leaves(module: Any, weights: list, others: list) -> list:
-    """All state leaves in module order from the weight leaves and the other leaves."""
-    weights_at = list(module.weight_leaf_positions)
-    leaves, weight_iter, other_iter = [], iter(weights), iter(others)
-    for position in range(len(weights_at) + len(others)):
-        leaves.append(next(weight_iter) if position in weights_at else next(other_iter))
-    return leaves
 
 
 def _positive_int(value: Any, name: str) -> int:

@@ -255,13 +255,10 @@ class TensorBoard(Callback):
         if not raster:
             return
         spikes = {self._labels.get(name, name): value for name, value in recorded[0].items()}
-        prediction = None
-        try:
-            output = trainer.predict(samples[:1] if not trainer.time_major else np.swapaxes(samples[:1], 0, 1),
-                                     verbose=0)
-            prediction = int(np.argmax(output[0])) if np.ndim(output) == 2 and output.shape[1] > 1 else None
-        except Exception:  # a model whose output is not class scores: no prediction in the title
-            prediction = None
+        first = samples[:1] if not trainer.time_major else np.swapaxes(samples[:1], 0, 1)
+        output = trainer.predict(first, verbose=0)
+        # Class scores give a prediction for the title; other outputs (regression) none.
+        prediction = int(np.argmax(output[0])) if np.ndim(output) == 2 and output.shape[1] > 1 else None
         if has_matplotlib():
             train.add_figure("spikes/raster", raster_figure(samples[0], spikes, label, prediction), epoch)
         else:

@@ -111,6 +111,12 @@ def test_the_learner_state_is_a_pure_value_and_init_does_not_touch_the_model():
         learner.step(larger, xs, ys)
     with pytest.raises(ConfigError, match="batch_size must be a positive int"):
         learner.init(0)
+    with pytest.raises(ConfigError, match=r"learner.step takes the LearnerState of learner.init\(batch_size\)"):
+        learner.step({"weights": {}}, xs, ys)
+    with pytest.raises(ConfigError, match=r"active as a \(T,\) bool array or None, got 'last'"):
+        learner.step(state, xs, ys, active="last")
+    flagged, _, _ = learner.step(state, xs[:10], ys[:10], active=np.ones(10, bool))  # every step has a loss
+    _close(flagged, g1)
 
 
 def test_new_weights_in_the_state_are_what_the_step_uses():
