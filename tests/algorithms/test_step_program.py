@@ -1,0 +1,70 @@
+"""The online rules run the model's matmuls once per step, as BPTT does.
+
+The first engine re-derived what the compiler already held: the LSTM's scan body ran
+16 weight matmuls where the forward pass needs 5. The step program runs the model once
+and the rules consume what it returns. This checks the *compiled* program (after XLA's
+own common-subexpression elimination): every matrix product shaped like one of the
+model's (a forward gate ``(B, H)``, the readout ``(B, O)``, a cotangent back to the
+step's input ``(B, I + H)``) occurs no more often than in BPTT's program.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+
+import brainstate
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers
+
+B, I, H, O, T = 4, 6, 9, 3, 5  # distinct sizes, so a product's shape says what it is
+_DOT = re.compile(r"= (\w+)\[([\d,]*)\]\S* (?:dot|convolution)\(")
+
+
+def _model(cell):
+    model = ef.Sequential(cell(I, H), layers.Linear(H, O))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    return model
+
+
+def _loss(out, y):
+    return jnp.mean((out - y) ** 2)
+
+
+def matmul_shapes(cell, algo: str) -> collections.Counter:
+    """How many matrix products of each output shape the compiled program runs."""
+    model = _model(cell)
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.normal(size=(T, B, I)), jnp.float32)
+    ys = jnp.asarray(rng.normal(size=(T, B, O)), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        learner = ef.compile(model, xs[0], _loss, algo=algo)
+    compiled = learner.compiled(xs, ys)
+    args = (compiled.weight_leaves(), compiled.state_leaves(), [xs], ys)
+    text = compiled.run.lower(*args).compile().as_text()
+    return collections.Counter(tuple(int(d) for d in dims.split(",")) for _, dims in _DOT.findall(text))
+
+
+MODEL_SHAPES = ((B, H), (B, O), (B, I + H))
+
+
+@pytest.mark.parametrize("cell", [layers.LSTMCell, layers.GRUCell], ids=["lstm", "gru"])
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl"])
+def test_online_program_runs_each_model_matmul_no_more_often_than_bptt(cell, algo):
+    online, bptt = matmul_shapes(cell, algo), matmul_shapes(cell, "bptt")
+    assert bptt[(B, H)] >= 3, f"the parser found no gate matmuls in BPTT's program: {dict(bptt)}"
+    for shape in MODEL_SHAPES:
+        assert online[shape] <= bptt[shape], (
+            f"{algo} runs {online[shape]} matmuls of shape {shape}, BPTT {bptt[shape]}: {dict(online)}")
+
+
+def test_lstm_forward_runs_its_five_weight_matmuls_once():
+    """The issue's count: four gates and the readout, each once per step."""
+    online = matmul_shapes(layers.LSTMCell, "d_rtrl")
+    assert online[(B, H)] + online[(B, O)] <= 5 + 1  # + the readout's cotangent back to h, (B, H)
