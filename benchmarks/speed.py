@@ -9,8 +9,9 @@ on Gaussian inputs; "rlif" = ``RecurrentLIF(64, H, tau=10) → Linear(H, 10)`` o
 Bernoulli(0.2) spike inputs, weights N(0, 1/√64) (input rows) and N(0, 1/√H) (recurrent
 rows), which fire at about 10–12 % (the mean rate is printed per configuration). The loss is a
 weighted squared error per step: "all" weighs every step 1/T, "last" only the last
-step; with "last" the online rules get the per-step ``active`` flag, so the steps
-without loss skip their pull-back (BPTT has no such flag).
+step; with "last" the online rules get ``active="last"``, as the Trainer passes for
+``loss_on="last"``: the steps without loss skip their pull-back, and the chunks without
+any loss only advance the traces (BPTT has no such flag).
 
 For every configuration (model, H, B, T, loss) it compiles one jitted whole-sequence
 gradient per rule (``etrace_fit.algorithms.sequence._prepare``, as ``rules.py`` does):
@@ -126,8 +127,7 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
     weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
     args = [weights, module.state_leaves(), [xs], ys]
     if rule != "bptt" and loss == "last":  # skip the pull-back of the steps without loss
-        fn = jax.jit(lambda w, s, x, y, a: program.run(w, s, x, y, active=a))
-        args.append(jnp.any(ys[1] != 0, axis=1))
+        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active="last"))
     else:
         fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y))
     compiled = fn.lower(*args).compile()
@@ -288,9 +288,15 @@ READING = [
     "same reverse sweep through the step, so ES-D-RTRL saves BPTT's stored residuals and its per-step "
     "weight-gradient GEMMs, not the sweep: on small layers (B·H of a few thousand numbers per step) the "
     "number of kernels per step, not arithmetic, sets the time.",
-    "- With the loss at the last step only, the online rules skip the pull-back at the other steps, but "
-    "the forward pass and `D`, `Df` still run at every step (the traces must advance); BPTT's backward "
-    "pass cannot skip anything.",
+    "- With the loss at the last step only, the online rules skip the pull-back at the other steps, and a "
+    "chunk with no loss in it skips the contraction and the weight-gradient GEMMs too: its rule only "
+    "advances the traces. The forward pass and `D`, `Df` still run at every step (the traces must "
+    "advance); BPTT's backward pass cannot skip anything.",
+    "- ES-D-RTRL with the loss at every step: the learning signal `∂L/∂h^{t-1}` (docs/theory.md §5.8) "
+    "needs the cotangent back through each gate's matmul, as BPTT's backward pass does, so on a GRU it "
+    "runs BPTT's three GEMMs per gate and step (forward, cotangent, weight gradient); the 0.6× target "
+    "assumed the current-state signal, which issue 10 keeps only where it equals the previous-state one "
+    "(not on dense recurrence).",
     "- BPTT's temp memory grows linearly with T; the online rules' does not (the memory rows of the targets).",
 ]
 
@@ -324,7 +330,8 @@ def markdown(results, args, command: str, peak_rss: int, figure: str) -> str:
         "Gaussian inputs; RLIF = `RecurrentLIF(64, H, tau=10) → Linear(H, 10)` on Bernoulli(0.2) spike inputs; "
         "float32. "
         "Loss \"all\": squared error at every step, weight 1/T; \"last\": the last step only (the online rules "
-        "skip the other steps' pull-back via `active`). \"chunk\" is the online program's steps per chunk.",
+        "get `active=\"last\"`, as the Trainer passes for `loss_on=\"last\"`: the other steps skip their pull-back "
+        "and a chunk without any loss only advances the traces). \"chunk\" is the online program's steps per chunk.",
         "",
         f"Machine: {os.cpu_count()} CPUs ({jax.devices()[0].platform}), jax {jax.__version__}, "
         f"{datetime.date.today().isoformat()}. Peak RSS of the process: {peak_rss / 1024:.0f} MiB. Command:",

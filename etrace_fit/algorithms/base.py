@@ -57,7 +57,9 @@ class Rule(Protocol):
     reset (0 at the first step). Optionally ``chunk(traces, signals, t0)``: the same
     over a chunk of steps, each signal with a leading time axis ``C``, returning the
     chunk's summed gradient and the traces after it (``online.run_rule_chunk`` scans
-    ``step`` for a rule without one).
+    ``step`` for a rule without one); and ``advance(traces, signals, t0)``: the traces
+    after a chunk in which no step has a loss (``G`` and ``dY`` are ``None``; without
+    it, the rule runs on a zero ``G`` and its gradient is dropped).
     """
 
     name: str

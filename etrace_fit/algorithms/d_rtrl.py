@@ -84,38 +84,59 @@ class DRTRL:
         # slower. Per-unit S×S matrices are nested lists of slabs.
         X = X.reshape(C, rows, K)
         D = [[D[..., s, r].reshape(C, rows, O) for r in S] for s in S]
-        Df, G = ([v[..., s].reshape(C, rows, O) for s in S] for v in (Df, G))
+        Df = [Df[..., s].reshape(C, rows, O) for s in S]
         one, zero = jnp.ones((1, rows, O), D[0][0].dtype), jnp.zeros((1, rows, O), D[0][0].dtype)
-        shifted_G = [jnp.concatenate([g[1:], zero]) for g in G]
         shifted_D = [[jnp.concatenate([D[s][r][1:], one if s == r else zero]) for r in S] for s in S]
+        identity = [[(one if i == j else zero)[0] for j in S] for i in S]
+        E = traces.reshape(rows, states, K, O)
+        E = [E[:, s] for s in S]
+
+        def advanced(suffix_1, reach):
+            """E_C per state: the trace carried by Π D, plus one (K×C)(C×O) GEMM per row."""
+            decay = [[sum(suffix_1[i][m] * D[m][j][0] for m in S) for j in S] for i in S]  # D_C⋯D_1
+            new = [sum(decay[s][r][:, None, :] * E[r] for r in S)
+                   + jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype)) for s in S]
+            new = new[0][:, None] if states == 1 else jnp.stack(new, axis=1)
+            return new.reshape(shape).astype(dtype)
+
+        def suffixes(suffix, D_next):  # D_C⋯D_{r+2} → D_C⋯D_{r+1}
+            return [[sum(suffix[i][m] * D_next[m][j] for m in S) for j in S] for i in S]
+
+        if G is None:  # no learning signal in the chunk: advance the trace only
+            def carry_only(suffix, inputs):
+                D_next, Df_r = inputs
+                suffix = suffixes(suffix, D_next)
+                return suffix, [sum(suffix[i][m] * Df_r[m] for m in S) for i in S]
+
+            suffix_1, reach = lax.scan(carry_only, identity, (shifted_D, Df), reverse=True)
+            return None, advanced(suffix_1, reach)
+
+        G = [G[..., s].reshape(C, rows, O) for s in S]
+        shifted_G = [jnp.concatenate([g[1:], zero]) for g in G]
 
         def back(carry, inputs):
             lam, suffix = carry  # λ_{r+1} and D_C⋯D_{r+2}
             G_next, D_next, Df_r = inputs
             lam = [G_next[j] + sum(D_next[i][j] * lam[i] for i in S) for j in S]  # G + Dᵀ λ
-            suffix = [[sum(suffix[i][m] * D_next[m][j] for m in S) for j in S] for i in S]  # D_C⋯D_{r+1}
+            suffix = suffixes(suffix, D_next)
             return (lam, suffix), (lam, [sum(suffix[i][m] * Df_r[m] for m in S) for i in S])
 
-        identity = [[(one if i == j else zero)[0] for j in S] for i in S]
         (lam_1, suffix_1), (lam, reach) = lax.scan(back, ([zero[0]] * states, identity),
                                                     (shifted_G, shifted_D, Df), reverse=True)
         mu = [G[j][0] + sum(D[i][j][0] * lam_1[i] for i in S) for j in S]  # (rows, O) per state
-        decay = [[sum(suffix_1[i][m] * D[m][j][0] for m in S) for j in S] for i in S]  # D_C⋯D_1
         signal = sum(Df[s] * lam[s] for s in S)
         if dY is not None:  # the one-step part, in the same GEMM
             signal = signal + dY.reshape(C, rows, O)
         grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
-        E = traces.reshape(rows, states, K, O)
-        E = [E[:, s] for s in S]
         # Σ_n μ[n] ⊙ E[n] as a loop over rows: a reduce over the leading axis of the
         # trace ran ~9x slower on CPU.
         history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
                                 jnp.zeros((K, O), dtype))
-        # Per state: the trace carried by Π D, plus one (K×C)(C×O) GEMM per row.
-        new = [sum(decay[s][r][:, None, :] * E[r] for r in S) + jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype))
-               for s in S]
-        new = new[0][:, None] if states == 1 else jnp.stack(new, axis=1)
-        return grad + history.astype(grad.dtype), new.reshape(shape).astype(dtype)
+        return grad + history.astype(grad.dtype), advanced(suffix_1, reach)
+
+    def advance(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> jax.Array:
+        """The trace after a chunk without learning signal (``G`` is ``None``)."""
+        return self.chunk(traces, signals, t0)[1]
 
     def trace_norm(self, traces: jax.Array, t: jax.Array) -> jax.Array:
         squares = jnp.square(traces.astype(jnp.promote_types(traces.dtype, jnp.float32)))

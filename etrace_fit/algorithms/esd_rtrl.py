@@ -89,7 +89,7 @@ class ESDRTRL:
         X, D, Df, G, dY = signals
         eps_x, eps_f = traces
         alpha = self.alpha
-        dtype = jnp.promote_types(G.dtype, jnp.float32)
+        dtype = jnp.promote_types(Df.dtype, jnp.float32)
         steps = X.shape[0]
 
         def forward(eps_f, inputs):
@@ -98,6 +98,11 @@ class ESDRTRL:
             return (carried + (1.0 - alpha) * Df_t).astype(eps_f.dtype), eps_f
 
         new_f, previous_f = lax.scan(forward, eps_f, (D, Df))
+        powers = jnp.asarray(alpha, dtype) ** jnp.arange(steps, dtype=dtype)
+        weights = powers[::-1]  # α^{C-1-j}
+        new_x = (alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", weights.astype(X.dtype), X)).astype(eps_x.dtype)
+        if G is None:  # no learning signal in the chunk: advance the traces only
+            return None, (new_x, new_f)
         t = (t0 + jnp.arange(steps)).astype(dtype)
         correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t, 1.0)  # zero history at t = 0
         history = (G * previous_f).sum(axis=-1) / correction[:, None, None, None]  # (C, B, P, O)
@@ -109,12 +114,13 @@ class ESDRTRL:
         shifted = jnp.concatenate([history[1:], jnp.zeros_like(history[:1])])
         _, filtered = lax.scan(backward, jnp.zeros_like(history[0]), shifted, reverse=True)
         signal = filtered if dY is None else filtered + dY
-        powers = jnp.asarray(alpha, dtype) ** jnp.arange(steps, dtype=dtype)
         grad = jnp.einsum("cbpk,cbpo->ko", X, signal.astype(X.dtype))
         grad = grad + jnp.einsum("bpk,bpo->ko", eps_x.astype(dtype), jnp.einsum("c,cbpo->bpo", powers, history))
-        weights = powers[::-1]  # α^{C-1-j}
-        new_x = alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", weights.astype(X.dtype), X)
-        return grad, (new_x.astype(eps_x.dtype), new_f)
+        return grad, (new_x, new_f)
+
+    def advance(self, traces, signals: PairSignals, t0: jax.Array):
+        """The traces after a chunk without learning signal (``G`` is ``None``)."""
+        return self.chunk(traces, signals, t0)[1]
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""

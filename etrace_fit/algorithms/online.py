@@ -245,18 +245,20 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         pair_signals, one_step_taken = [], set()
         for pair, eqn in zip(pairs, pair_eqns):
             index = pair.relation.eqn_index
-            dY = None
-            if index in output_grad_of and index not in one_step_taken:  # once per relation
+            dY = G = None
+            if index in output_grad_of and index not in one_step_taken and active is not False:  # once per relation
                 one_step_taken.add(index)
                 dY = pair.canonical_units(output_grad_of[index], 0).astype(trace_dtype)
-            G = jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1)
-            batch = G.shape[0]
+            if active is not False:  # statically without signal: G and dY are None
+                G = pair.canonical_units(jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1), 1)
+                G = G.astype(trace_dtype)
+            batch = hidden_prev[0].shape[0]
             x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
             pair_signals.append(PairSignals(
                 X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
                 D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
                 Df=pair.canonical_units(sensitivities[pair.index], 1).astype(trace_dtype),
-                G=pair.canonical_units(G, 1).astype(trace_dtype),
+                G=G,
                 dY=dY,
             ))
         return loss, outputs, new_others, weight_grads, pair_signals
@@ -266,9 +268,17 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
 
 # ------------------------------------------------------------------ rules over a chunk
-def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array) -> tuple[jax.Array, Any]:
+def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array) -> tuple[jax.Array | None, Any]:
     """``rule`` over one chunk of stacked signals (leading axis ``C``): its ``chunk``
-    when it has one, else its per-step ``step`` scanned over the chunk."""
+    when it has one, else its per-step ``step`` scanned over the chunk. A chunk without
+    learning signal (``G`` is ``None``: no step of it has a loss) only advances the
+    traces, by the rule's ``advance`` when it has one, and returns no gradient."""
+    if signals.G is None:
+        advance = getattr(rule, "advance", None)
+        if advance is not None:
+            return None, advance(traces, signals, t0)
+        signals = signals._replace(G=jnp.zeros_like(signals.Df))
+        return None, run_rule_chunk(rule, traces, signals, t0)[1]
     chunk = getattr(rule, "chunk", None)
     if chunk is not None:
         return chunk(traces, signals, t0)
@@ -345,8 +355,18 @@ def build_online(
     def run_chunk(weights, carry, inputs, collect, pullback=None):
         """``C`` steps (``C`` = the inputs' leading axis): the step program over the
         chunk, then every rule once over the stacked signals. ``pullback``: a static
-        True / False for every step of the chunk, else the inputs' per-step flags."""
+        True / False for every step of the chunk, else the inputs' per-step flags; a
+        chunk whose flags are all false runs as ``pullback=False`` (no signal, the
+        rules only advance their traces)."""
+        flags = inputs[2]
+        if pullback is not None or flags is None:
+            return chunk_steps(weights, carry, inputs, collect, pullback)
+        return lax.cond(jnp.any(flags), lambda: chunk_steps(weights, carry, inputs, collect, None),
+                        lambda: chunk_steps(weights, carry, inputs, collect, False))
+
+    def chunk_steps(weights, carry, inputs, collect, pullback):
         others, traces, weight_acc, pair_acc, t = carry
+        pair_acc = list(pair_acc)  # a copy: both branches of run_chunk's cond read the carry
 
         def step(carry, inputs_t):
             others, weight_acc = carry
@@ -361,7 +381,8 @@ def build_online(
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
             grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
-            pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
+            if grad is not None:
+                pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
             new_traces.append(trace)
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
