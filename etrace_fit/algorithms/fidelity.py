@@ -18,7 +18,7 @@ import numpy as np
 
 from ..compiler import format_path
 from ..errors import ApproximationWarning
-from .learner import Learner
+from .learner import Learner, compile  # noqa: A004 - ef.compile
 from .sequence import sequence_grad
 
 __all__ = ["WeightFidelity", "gradient_fidelity"]
@@ -87,5 +87,9 @@ def gradient_fidelity(
             for path, state in hidden.items():
                 state.value = start[path]
 
-    online, reference = run(model, algo, **options), run(network, "bptt")
+    bptt = network
+    if isinstance(model, Learner) and model.step_fn is not None:  # the same traced step, under BPTT
+        example = jax.tree.map(lambda x: x[0], xs)
+        bptt = compile(network, example, step_loss, algo="bptt", step_fn=model.step_fn)
+    online, reference = run(model, algo, **options), run(bptt, "bptt")
     return {format_path(path): _compare(_flat(online[path]), _flat(reference[path])) for path in reference}

@@ -136,6 +136,7 @@ class Learner:
         plan: the rule per traced weight, chosen once (``None`` for BPTT).
         algo, alpha, trace_dtype, memory_budget: the options it was compiled with.
         step_loss: ``(output_t, target_t) -> scalar`` used by :meth:`grad` (optional).
+        step_fn: the function traced as one step instead of ``model`` (see :func:`compile`).
     """
 
     model: Any
@@ -146,6 +147,7 @@ class Learner:
     trace_dtype: Any
     memory_budget: int | None
     step_loss: Callable | None = None
+    step_fn: Callable | None = None
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
@@ -175,7 +177,7 @@ class Learner:
         example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
         example = jax.tree.unflatten(graph.module.input_treedef, [jnp.zeros(e.shape, e.dtype) for e in example])
         try:
-            now = module_info(self.model, *example)
+            now = module_info(self.model, *example, step_fn=self.step_fn)
         except Exception:  # the model no longer takes these inputs
             return False
         return str(now.closed_jaxpr) == str(graph.module.closed_jaxpr)
@@ -192,7 +194,7 @@ class Learner:
         if entry is None or not _same_states(self.model, entry.graph):  # states recreated: trace again
             _check_batch_axis(self.model, jax.tree.leaves(xs))
             example = jax.tree.map(lambda x: x[0], xs)
-            graph = compile_graph(self.model, *_example_args(example))
+            graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn)
             if self.plan is None:
                 plan, program = None, build_bptt(graph, step_loss)
             else:
@@ -322,6 +324,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     memory_budget: Any = None,
     plan_batch: int | None = None,
     warn: bool = True,
+    step_fn: Callable[..., Any] | None = None,
 ) -> Learner:
     """Compile ``model`` for online learning: trace one step, plan a rule per weight.
 
@@ -336,6 +339,11 @@ def compile(  # noqa: A001 - the public name, as ef.compile
             the example's); the rules never depend on it.
         warn: raise one :class:`~etrace_fit.errors.ApproximationWarning` per weight
             whose online gradient is approximate.
+        step_fn: the function traced as one step, ``(*inputs) -> outputs``, instead of
+            ``model``: it calls ``model`` once and may return more than the model's
+            output, read from its layers after the step, for a loss on hidden activity
+            (``lambda x: (model(x), model.layers[0].spikes())``; ``step_loss`` then
+            receives that tuple). States keep their paths in ``model``.
 
     Returns:
         a :class:`Learner`; ``print(learner.report())`` shows the plan.
@@ -352,7 +360,10 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         trace_dtype = jnp.dtype(trace_dtype)
         if trace_dtype not in _TRACE_DTYPES:
             raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
-    graph = compile_graph(model, *_example_args(example))
+    if step_fn is not None and not callable(step_fn):
+        raise ConfigError(f"step_fn must be a callable (*inputs) -> outputs that calls the model, got "
+                          f"{type(step_fn).__name__}")
+    graph = compile_graph(model, *_example_args(example), step_fn=step_fn)
     plan = None
     if not (isinstance(algo, str) and algo == "bptt"):
         group = graph.hidden_groups[0]
@@ -362,7 +373,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         if warn:
             warn_approximations(plan, stacklevel=3)
     return Learner(model=model, graph=graph, plan=plan, algo=algo, alpha=alpha, trace_dtype=trace_dtype,
-                   memory_budget=memory_budget, step_loss=step_loss)
+                   memory_budget=memory_budget, step_loss=step_loss, step_fn=step_fn)
 
 
 def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:

@@ -127,13 +127,15 @@ def _size(module: ModuleInfo, path: tuple) -> int:
     return sum(math.prod(v.aval.shape) for v in state.in_vars)
 
 
-def compile_graph(model: Any, *example_inputs: Any) -> ETraceGraph:
+def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None) -> ETraceGraph:
     """Compile one time step of ``model`` into an :class:`ETraceGraph`.
 
     Args:
         model: a ``brainstate.nn.Module`` whose states are initialised
             (``brainstate.nn.init_all_states(model, batch_size=B)``).
         example_inputs: one time step's inputs, e.g. ``x: (B, features)``.
+        step_fn: traced instead of ``model(*example_inputs)`` when given (see
+            :func:`~etrace_fit.compiler.module_info.module_info`).
 
     Raises:
         CompilationError: the model has no hidden state, writes a weight in its step,
@@ -145,7 +147,7 @@ def compile_graph(model: Any, *example_inputs: Any) -> ETraceGraph:
         graph = compile_graph(model, jnp.zeros((32, 40)))
         print(graph.report()); print(graph.explain("layers.0.weight"))
     """
-    module = module_info(model, *example_inputs)
+    module = module_info(model, *example_inputs, step_fn=step_fn)
     groups, group_records = hidden_groups(module)
     found, relation_records = relations(module, groups)
     diagnostics = (*module.diagnostics, *group_records, *relation_records, *approximations(module, groups, found))

@@ -153,8 +153,12 @@ def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
     return flat, inlined
 
 
-def module_info(model: Any, *example_inputs: Any) -> ModuleInfo:
+def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> ModuleInfo:
     """Trace one step ``model(*example_inputs)`` and map its jaxpr to the model's states.
+
+    ``step_fn``: the function traced instead of ``model`` (it calls the model and may
+    return more outputs, e.g. a layer's spikes for a loss on them); the states are
+    still named by their path in ``model``.
 
     Raises:
         CompilationError: the step writes a ``ParamState``, a hidden state's unit,
@@ -162,7 +166,7 @@ def module_info(model: Any, *example_inputs: Any) -> ModuleInfo:
         ShapeError: raised by a layer for a bad example input (names the layer).
     """
     paths = {id(state): path for path, state in model.states().items()}
-    function = brainstate.transform.StatefulFunction(model, return_only_write=False)
+    function = brainstate.transform.StatefulFunction(model if step_fn is None else step_fn, return_only_write=False)
     hidden_before = {path: state.value for path, state in model.states(brainstate.HiddenState).items()}
     try:
         function.make_jaxpr(*example_inputs)

@@ -178,9 +178,11 @@ def read(value: Any) -> Any:
 @runtime_checkable
 class SpikingLayer(Protocol):
     """A layer whose ``spikes()`` returns the last step's spikes ``(B, *size)`` (0 / 1,
-    no gradient): what ``Trainer.record_spikes`` and the TensorBoard rasters read."""
+    no gradient): what ``Trainer.record_spikes`` and the TensorBoard rasters read. A
+    ``FiringRateRegularizer`` calls ``spikes(gradient=True)``: the same spikes with the
+    surrogate gradient of the layer's output."""
 
-    def spikes(self) -> jax.Array: ...
+    def spikes(self, gradient: bool = False) -> jax.Array: ...
 
 
 class Neuron(brainstate.nn.Module):

@@ -120,6 +120,7 @@ class LeakySpikeReadout(_ReadoutBase):
         )
         return z
 
-    def spikes(self) -> jax.Array:
+    def spikes(self, gradient: bool = False) -> jax.Array:
         """The spikes of the last step, read off the stored potential (see ``LIF.spikes``)."""
-        return jax.lax.stop_gradient(self.surrogate(self.V.value - self.v_threshold))
+        z = self.surrogate(self.V.value - self.v_threshold)
+        return z if gradient else jax.lax.stop_gradient(z)

@@ -122,10 +122,12 @@ class LIF(_SpikingBase):
         self.V.value, z, _ = self._membrane(self.V.value, x, decay(self, self.tau), self.v_threshold, self.v_threshold)
         return z
 
-    def spikes(self) -> jax.Array:
+    def spikes(self, gradient: bool = False) -> jax.Array:
         """The spikes of the last step, read off the stored (pre-reset) potential:
-        ``(B, size)`` of 0 / 1, no gradient (for rasters and spike counts)."""
-        return jax.lax.stop_gradient(self.surrogate(self.V.value - self.v_threshold))
+        ``(B, size)`` of 0 / 1; no gradient (for rasters and spike counts) unless
+        ``gradient`` (the surrogate gradient of the step's output, for a loss on them)."""
+        z = self.surrogate(self.V.value - self.v_threshold)
+        return z if gradient else jax.lax.stop_gradient(z)
 
 
 class ALIF(_SpikingBase):
@@ -180,9 +182,10 @@ class ALIF(_SpikingBase):
         )
         return z
 
-    def spikes(self) -> jax.Array:
+    def spikes(self, gradient: bool = False) -> jax.Array:
         """The spikes of the last step (``V > v_threshold + β a``), as in :meth:`LIF.spikes`."""
-        return jax.lax.stop_gradient(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)))
+        z = self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value))
+        return z if gradient else jax.lax.stop_gradient(z)
 
 
 class _Recurrent:

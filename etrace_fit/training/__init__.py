@@ -7,7 +7,8 @@ the names the trainer understands.
 from .data import Batch, batches, check_finite, split_validation
 from .losses import LOSSES, check_labels, get_loss
 from .metrics import METRICS, get_metrics
+from .spiking import FiringRateRegularizer
 from .trainer import History, Trainer
 
-__all__ = ["Batch", "History", "LOSSES", "Trainer", "METRICS", "batches", "check_finite", "check_labels", "get_loss", "get_metrics",
+__all__ = ["Batch", "FiringRateRegularizer", "History", "LOSSES", "Trainer", "METRICS", "batches", "check_finite", "check_labels", "get_loss", "get_metrics",
            "split_validation"]

@@ -11,7 +11,7 @@ import optax
 
 from ..compiler import format_path
 
-__all__ = ["build_train_step", "placed_metrics"]
+__all__ = ["build_train_step", "placed_metrics", "sequence_targets"]
 
 
 def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight: jax.Array) -> dict[str, jax.Array]:
@@ -19,8 +19,17 @@ def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight:
     return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1] for name, fn in metric_fns.items()}
 
 
+def sequence_targets(ys: Any, weight: jax.Array, regularized: bool) -> tuple:
+    """The targets the trainer's step loss reads: ``(ys, weight)``, and with regularisers
+    their per-step weight ``1/T`` too (they act at every step, whatever ``loss_on``)."""
+    if not regularized:
+        return ys, weight
+    length = weight.shape[0]
+    return ys, weight, jnp.full((length,), 1.0 / length, jnp.result_type(weight.dtype, jnp.float32))
+
+
 def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
-                     update_every: int | None):
+                     update_every: int | None, regularized: bool = False):
     """The whole training step over one batch as one pure jitted function (built once
     per compiled program, i.e. per input shape):
 
@@ -32,28 +41,31 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     ``metric_weight`` places the metrics (None: ``weight`` does), ``traces`` a stream's
     :class:`~etrace_fit.algorithms.online.TraceState` or None. Steps whose loss weight
     is zero for every sample skip the online rules' pull-back; an update whose loss or
-    gradient is not finite is not applied (``finite`` says so)."""
+    gradient is not finite is not applied (``finite`` says so). ``regularized``: the
+    program's step returns ``(output, spikes)`` and its loss has a regulariser at every
+    step (no step is skipped; metrics read the output)."""
     program = compiled.program
     paths = {format_path(s.path): s.path for s in compiled.module.weights}
     pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
     every = update_every
     # With the loss at every step nothing is skipped: no per-step branch at all.
-    skips = loss_on != "all" and compiled.plan is not None
+    skips = loss_on != "all" and compiled.plan is not None and not regularized
 
     def collected_logs(losses, collected, ys, metric_weight):
         norms = {}
         for name, norm in zip(pair_names, collected.trace_norms):
             norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
-        return losses.sum(), placed_metrics(metric_fns, collected.outputs, ys, metric_weight), norms
+        outputs = collected.outputs[0] if regularized else collected.outputs
+        return losses.sum(), placed_metrics(metric_fns, outputs, ys, metric_weight), norms
 
     def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces):
         weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
-        options = {}
+        options, targets = {}, sequence_targets(ys, weight, regularized)
         if skips:  # "last" is known statically: no per-step branch in the program
             options["active"] = "last" if loss_on == "last" else jnp.any(weight != 0, axis=1)
         if every is None:
             grad_leaves, losses, final, collected, *stream = program.run(
-                weights, state_leaves, xs_leaves, (ys, weight), collect=True, traces=traces, **options)
+                weights, state_leaves, xs_leaves, targets, collect=True, traces=traces, **options)
             read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
             grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
                      for name, value in values.items()}
@@ -61,7 +73,7 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
             new_values = optax.apply_updates(values, updates)
         else:  # the optimizer runs inside the scan; its state is over the weight leaves
             weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
-                weights, state_leaves, xs_leaves, (ys, weight), optimizer, opt_state, every, collect=True,
+                weights, state_leaves, xs_leaves, targets, optimizer, opt_state, every, collect=True,
                 traces=traces, **options)
             new_values = dict(values)
             new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})

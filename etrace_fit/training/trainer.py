@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import time
 import warnings
 from typing import Any, Mapping, Sequence
@@ -32,12 +33,12 @@ from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from . import checkpoint
-from ..errors import ConfigError, ShapeError
+from ..errors import ApproximationWarning, ConfigError, ShapeError
 from .data import (Arrays, Batch, batch_major, batches, check_finite, check_shuffle, class_table, loss_weight,
                    placement, split_validation)
 from .logs import History, check_verbose, keras_result, model_summary, validation_schedule
 from .memory import check_trace_memory, device_memory
-from .step import build_train_step, placed_metrics
+from .step import build_train_step, placed_metrics, sequence_targets
 from .losses import check_labels, get_loss
 from .metrics import get_metrics
 from .optimizers import find_hyperparams, get_optimizer
@@ -99,6 +100,10 @@ class Trainer:
             ``test_on_batch`` carry them as well. Needs ``shuffle=False`` and batches
             of one size. BPTT carries the states and truncates its gradient at each
             batch (truncated BPTT).
+        regularizers: penalties on hidden activity added to the loss at every step,
+            e.g. ``[FiringRateRegularizer(target=0.05)]``
+            (:class:`~etrace_fit.training.spiking.FiringRateRegularizer`); they act at
+            every step whatever ``loss_on`` is, so no step skips its learning signal.
 
     Example::
 
@@ -122,6 +127,7 @@ class Trainer:
         grad_clip: float | None = None,
         memory_budget: int | str | None = None,
         stateful: bool = False,
+        regularizers: Sequence[Any] | None = None,
     ):
         check_algo(algo)
         if isinstance(metrics, str):
@@ -140,12 +146,14 @@ class Trainer:
             raise ConfigError(f"stateful must be True or False, got {stateful!r}")
         self.model = model
         self.stateful = stateful
+        self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream = None  # stateful: (batch size, TraceState) carried to the next batch, None: start afresh
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
                            optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
-                           memory_budget=memory_budget, stateful=stateful)
+                           memory_budget=memory_budget, stateful=stateful,
+                           regularizers=[repr(r) for r in self.regularizers] or None)
         self.epoch = -1  # the last finished epoch
         self._callbacks = CallbackList()
         # A callback (BackupAndRestore) may set this in on_train_begin: fit starts there.
@@ -182,12 +190,50 @@ class Trainer:
         self._recorder = None
 
     # ------------------------------------------------------------------ pieces
+    def _resolve_regularizers(self, regularizers) -> tuple[tuple, Any]:
+        """``((regulariser, its layer paths), ...)`` and the step function that returns
+        the model's output with those layers' spikes (None without regularisers)."""
+        if regularizers is None:
+            return (), None
+        if not isinstance(regularizers, (list, tuple)):
+            raise ConfigError(f"regularizers must be a list, e.g. [FiringRateRegularizer(target=0.05)], got "
+                              f"{type(regularizers).__name__}")
+        spiking = self.spiking_layers()
+        resolved = []
+        for n, reg in enumerate(regularizers):
+            if not callable(getattr(reg, "select", None)) or not callable(reg):
+                raise ConfigError(f"regularizers[{n}] must be a regulariser such as FiringRateRegularizer(...), "
+                                  f"got {reg!r}")
+            resolved.append((reg, tuple(reg.select(spiking))))
+        for path in dict.fromkeys(p for _, paths in resolved for p in paths):
+            try:
+                inspect.signature(spiking[path].spikes).bind(gradient=True)
+            except TypeError:
+                raise ConfigError(
+                    f"{path} ({type(spiking[path]).__name__}): a regulariser needs its spikes with their surrogate "
+                    f"gradient, and its spikes() takes no gradient argument; define spikes(self, gradient=False) "
+                    f"returning the step's spikes, without stop_gradient when gradient is True") from None
+        if not resolved:
+            return (), None
+        taps = {path: spiking[path] for _, paths in resolved for path in paths}
+        model = self.model
+
+        def step_fn(*inputs):
+            return model(*inputs), {path: layer.spikes(gradient=True) for path, layer in taps.items()}
+
+        return tuple(resolved), step_fn
+
     def _make_step_loss(self):
-        loss_fn = self.loss_fn
+        loss_fn, regularizers = self.loss_fn, self.regularizers
 
         def step_loss(output, target):
-            y, weight = target
-            return jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
+            if not regularizers:
+                y, weight = target
+                return jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
+            (y, weight, reg_weight), (output, spikes) = target, output
+            task = jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
+            penalty = sum(jnp.mean(reg({p: spikes[p] for p in paths})) for reg, paths in regularizers)
+            return task + reg_weight * penalty
 
         return step_loss
 
@@ -441,14 +487,16 @@ class Trainer:
                 warnings.simplefilter("once", UserWarning)
                 _check_batch_axis(self.model, jax.tree.leaves(xs))
                 self.learner = compile_learner(self.model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
-                                       memory_budget=self.memory_budget, plan_batch=xs.shape[1])
+                                               memory_budget=self.memory_budget, plan_batch=xs.shape[1],
+                                               step_fn=self._step_fn)
             if self.learner.plan is not None:
                 check_trace_memory(self.learner.plan, xs.shape[1])
-        return self.learner.compiled(xs, (ys, weight))
+        return self.learner.compiled(xs, sequence_targets(ys, weight, bool(self.regularizers)))
 
     def _build_step(self, compiled):
         """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
-        return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every)
+        return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every,
+                                regularized=bool(self.regularizers))
 
     def _batch_program(self, xs, ys, weight):
         """``(compiled, jitted step)`` for this batch's shapes, kept per shape for the
@@ -506,15 +554,21 @@ class Trainer:
         return loss, logs, finite
 
     def _build_eval_step(self):
-        model, loss_fn = self.model, self.loss_fn
+        model, loss_fn, regularizers = self.model, self.loss_fn, self.regularizers
+        step = model if self._step_fn is None else self._step_fn
 
         @brainstate.transform.jit(static_argnums=3)
         def eval_step(xs, ys, weight, carry=False):
             if not carry:
                 brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
-            outputs = brainstate.transform.for_loop(model, xs)
+            outputs = brainstate.transform.for_loop(step, xs)
+            penalty = 0.0
+            if regularizers:  # the same loss as in training: the penalties averaged over steps and samples
+                outputs, spikes = outputs
+                penalty = sum(jnp.mean(jax.vmap(reg)({p: spikes[p] for p in paths})) for reg, paths in regularizers)
             per_step = jax.vmap(loss_fn)(outputs, ys)
-            return {"loss": jnp.sum(weight * per_step) / weight.shape[1], **self._metrics(outputs, ys, weight)}
+            return {"loss": jnp.sum(weight * per_step) / weight.shape[1] + penalty,
+                    **self._metrics(outputs, ys, weight)}
 
         return eval_step
 
@@ -696,8 +750,15 @@ class Trainer:
         xs, ys, weight = self._time_major(Batch(x, y, mask))
         self._ensure_states(xs.shape[1])
         brainstate.nn.reset_all_states(self.model, batch_size=xs.shape[1])
-        return gradient_fidelity(self.model, xs, (ys, weight), self._step_loss, algo=self.algo, decay=self.decay,
-                                 memory_budget=self.memory_budget)
+        targets = sequence_targets(ys, weight, bool(self.regularizers))
+        if self._step_fn is None:
+            return gradient_fidelity(self.model, xs, targets, self._step_loss, algo=self.algo, decay=self.decay,
+                                     memory_budget=self.memory_budget)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ApproximationWarning)  # what is measured here
+            learner = compile_learner(self.model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
+                                      memory_budget=self.memory_budget, step_fn=self._step_fn)
+        return gradient_fidelity(learner, xs, targets)
 
     def summary(self, x: Any = None, print_fn: Any = print) -> str:
         """Keras' ``summary()``: one row per layer — its type, parameter count, hidden
