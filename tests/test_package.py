@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(etrace_fit.__file__).parent
 JAX_INTERNALS = ("jax._src", "jax.interpreters", "jax.extend", "jax.core", "jaxlib")
 # ops -> compiler -> algorithms -> training: a module may import only from its own
 # layer or those before it (docs/design.md).
-ORDER = ["_compat", "errors", "ops", "layers", "datasets", "compiler", "algorithms", "callbacks", "training", "cli",
+ORDER = ["_compat", "errors", "ops", "layers", "datasets", "compiler", "checkpoint", "algorithms", "callbacks", "training", "cli",
          "__main__"]
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
+from ..checkpoint import read_checkpoint, remove_temporaries
 from ..errors import CheckpointError
-from .base import Callback
+from .base import Callback, writable_folder
 
 __all__ = ["BackupAndRestore"]
 
@@ -15,8 +17,21 @@ class BackupAndRestore(Callback):
     """Backs the run up at the end of every epoch; a new ``fit`` with the same callback
     restores the last backup and continues with the next epoch.
 
-    Two files are kept in ``backup_dir``: the latest backup and the one before it. If the
-    latest is truncated or corrupted, the previous good one is used (with a warning).
+    Guarantees (docs/reliability.md):
+
+    - The backup of an epoch is written after every other callback's end-of-epoch work
+      (checkpoint files, CSV rows), whatever the list order; a crash before it re-runs
+      the epoch, and the other callbacks write their output for it again in place
+      (``CSVLogger`` drops rows past the resumed epoch, so none is doubled).
+    - A new backup is written in full (``next.ckpt``) before the older ones rotate
+      (``latest`` → ``previous``, ``next`` → ``latest``): a crash at any point leaves at
+      least one valid backup. On resume the newest valid file of the three is used; a
+      damaged one is skipped with a warning.
+    - An epoch whose loss is not finite is not backed up (a run stopped by
+      ``TerminateOnNaN`` resumes from the last finite epoch).
+    - Temporary files of a killed write are removed when training starts; the folder
+      must be writable, checked before training.
+
     The backups are deleted when ``fit`` finishes all its epochs.
 
     Args:
@@ -28,32 +43,56 @@ class BackupAndRestore(Callback):
         trainer.fit(x, y, epochs=50, callbacks=[BackupAndRestore("runs/backup")])
     """
 
+    restores_run = True
+
     def __init__(self, backup_dir: str, delete_on_finish: bool = True):
         self.backup_dir = os.fspath(backup_dir)
         self.delete_on_finish = delete_on_finish
         self.latest = os.path.join(self.backup_dir, "latest.ckpt")
         self.previous = os.path.join(self.backup_dir, "previous.ckpt")
+        self.next = os.path.join(self.backup_dir, "next.ckpt")
 
-    def on_train_begin(self, logs=None):
-        for path, label in ((self.latest, "latest"), (self.previous, "previous")):
+    def state_key(self) -> str:
+        return f"BackupAndRestore:{self.backup_dir}"
+
+    def _candidates(self) -> list[tuple[int, str, str]]:
+        """``(epoch, path, label)`` of every backup whose file reads back intact."""
+        found = []
+        for path, label in ((self.next, "next"), (self.latest, "latest"), (self.previous, "previous")):
             if not os.path.exists(path):
                 continue
             try:
-                manifest = self.model.restore(path)
-            except CheckpointError as error:
+                manifest, _ = read_checkpoint(path)
+                found.append((int(manifest["epoch"]), path, label))
+            except (CheckpointError, KeyError, TypeError, ValueError) as error:
                 warnings.warn(f"BackupAndRestore: the {label} backup is unusable ({error}); trying an older one")
+        return sorted(found, reverse=True)
+
+    def on_train_begin(self, logs=None):
+        writable_folder(self.backup_dir, "BackupAndRestore")
+        remove_temporaries(self.backup_dir)
+        for epoch, path, label in self._candidates():
+            try:
+                manifest = self.model.restore(path)
+            except CheckpointError as error:  # intact, but not this model's / optimizer's
+                warnings.warn(f"BackupAndRestore: the {label} backup cannot be restored ({error}); trying an older one")
                 continue
             self.model.resume_epoch = manifest["epoch"] + 1
             return
 
     def on_epoch_end(self, epoch, logs=None):
-        os.makedirs(self.backup_dir, exist_ok=True)
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            warnings.warn(f"BackupAndRestore: epoch {epoch + 1} ended with loss {loss}; it is not backed up (a "
+                          "resumed run starts from the last finite epoch)")
+            return
+        self.model.save(self.next)  # complete before anything older moves
         if os.path.exists(self.latest):
             os.replace(self.latest, self.previous)
-        self.model.save(self.latest)
+        os.replace(self.next, self.latest)
 
     def on_train_end(self, logs=None):
         if self.delete_on_finish and not self.model.stop_training:
-            for path in (self.latest, self.previous):
+            for path in (self.latest, self.previous, self.next):
                 if os.path.exists(path):
                     os.remove(path)

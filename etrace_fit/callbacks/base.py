@@ -13,6 +13,8 @@ callback that does not read every batch's logs lets the device run ahead.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Mapping
 from typing import Any, Iterable
 
@@ -65,6 +67,17 @@ class Callback:
 
     model: Any = None
     params: dict = {}
+    #: A callback that restores runs (``BackupAndRestore``): its ``on_train_begin`` runs
+    #: before every other callback's (they see the resumed epoch) and its
+    #: ``on_epoch_end`` after theirs (an epoch is backed up only once every callback's
+    #: epoch-end work is done; a crash before that re-runs the epoch).
+    restores_run: bool = False
+
+    def state_key(self) -> str:
+        """The name this callback's state is saved under in a checkpoint: its type and
+        what it writes or watches (e.g. ``"ModelCheckpoint:ckpt/{epoch}.ckpt"``), so that
+        reordering the callbacks between runs restores each its own state."""
+        return type(self).__name__
 
     def set_model(self, model: Any) -> None:
         """Called by ``fit`` with the :class:`~etrace_fit.Trainer` (Keras' name)."""
@@ -114,6 +127,25 @@ class Callback:
         """Restore what :meth:`state_dict` returned."""
 
 
+def writable_folder(folder: str, owner: str) -> str:
+    """Create ``folder`` (``""``: the working directory) and check a file can be written
+    in it; ``ConfigError`` naming ``owner`` and the path otherwise, so a writer fails
+    at ``on_train_begin`` instead of after the first epoch."""
+    import tempfile
+
+    from ..errors import ConfigError
+
+    folder = folder or "."
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{owner}: cannot write to the folder {folder!r} ({error.strerror or error}); give a "
+                          f"writable path") from None
+    return folder
+
+
 class CallbackList:
     """Calls each hook on every callback, in order."""
 
@@ -138,18 +170,32 @@ class CallbackList:
         if name not in HOOKS:
             raise AttributeError(name)
 
+        callbacks = self.callbacks
+        if name == "on_train_begin":  # restorers first: the others see the resumed run
+            callbacks = sorted(callbacks, key=lambda c: not c.restores_run)
+        elif name == "on_epoch_end":  # restorers last: the backup commits every callback's work
+            callbacks = sorted(callbacks, key=lambda c: c.restores_run)
+
         def dispatch(*args, **kwargs):
-            for callback in self.callbacks:
+            for callback in callbacks:
                 getattr(callback, name)(*args, **kwargs)
 
         return dispatch
 
+    def _keys(self) -> list[str]:
+        """Each callback's :meth:`~Callback.state_key`, numbered when two share one."""
+        keys, seen = [], {}
+        for callback in self.callbacks:
+            key = callback.state_key()
+            seen[key] = seen.get(key, 0) + 1
+            keys.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
+        return keys
+
     def state_dict(self) -> dict[str, Any]:
-        return {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks)}
+        return {key: c.state_dict() for key, c in zip(self._keys(), self.callbacks)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for i, callback in enumerate(self.callbacks):
-            key = f"{i}:{type(callback).__name__}"
+        for key, callback in zip(self._keys(), self.callbacks):
             if key in state:
                 callback.load_state_dict(state[key])
 
@@ -190,6 +236,9 @@ class MonitoredCallback(Callback):
     """A callback that tracks the best value of one logged key through ``self._monitor``."""
 
     _monitor: Monitor
+
+    def state_key(self) -> str:
+        return f"{type(self).__name__}:{self._monitor.key}"
 
     @property
     def best(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import os
 
-from .base import Callback
+from .base import Callback, writable_folder
 
 __all__ = ["CSVLogger"]
 
@@ -13,10 +13,17 @@ __all__ = ["CSVLogger"]
 class CSVLogger(Callback):
     """Writes ``epoch`` and the epoch's logs to a CSV file, one row per epoch.
 
+    A run resumed by ``BackupAndRestore`` keeps the rows of the epochs before the
+    resumed one and drops any later row (written by the interrupted run for an epoch it
+    did not back up), so every epoch has exactly one row, whichever order the callbacks
+    are listed in. Each row is flushed and fsynced when written.
+
     Args:
-        filename: the CSV file (its folder is created).
+        filename: the CSV file (its folder is created; it must be writable, checked
+            before training).
         separator: the field separator.
-        append: append to an existing file (resumed runs) instead of overwriting it.
+        append: append to an existing file instead of overwriting it (a resumed run
+            always keeps its earlier rows).
 
     Example::
 
@@ -27,13 +34,36 @@ class CSVLogger(Callback):
         self.filename, self.separator, self.append = os.fspath(filename), separator, append
         self._keys: list[str] | None = None
 
+    def state_key(self) -> str:
+        return f"CSVLogger:{self.filename}"
+
     def on_train_begin(self, logs=None):
-        folder = os.path.dirname(self.filename)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        if not self.append and os.path.exists(self.filename):
-            os.remove(self.filename)
+        writable_folder(os.path.dirname(self.filename), "CSVLogger")
         self._keys = None
+        resume = getattr(self.model, "resume_epoch", None)
+        if resume is not None:  # keep the rows of the epochs the backup holds
+            self._keep_rows_before(resume)
+        elif not self.append and os.path.exists(self.filename):
+            os.remove(self.filename)
+
+    def _keep_rows_before(self, epoch: int) -> None:
+        if not os.path.exists(self.filename):
+            return
+        with open(self.filename, newline="") as handle:
+            rows = list(csv.reader(handle, delimiter=self.separator))
+        if not rows or rows[0][:1] != ["epoch"]:
+            return
+        kept = [rows[0]] + [row for row in rows[1:] if row and row[0].isdigit() and int(row[0]) < epoch]
+        if len(kept) == len(rows):
+            self._keys = rows[0][1:]
+            return
+        temporary = self.filename + ".rewrite"
+        with open(temporary, "w", newline="") as handle:
+            csv.writer(handle, delimiter=self.separator).writerows(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.filename)
+        self._keys = rows[0][1:]
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
@@ -47,3 +77,4 @@ class CSVLogger(Callback):
                 writer.writeheader()
             writer.writerow({"epoch": epoch, **{k: logs.get(k, "") for k in self._keys}})
             handle.flush()
+            os.fsync(handle.fileno())

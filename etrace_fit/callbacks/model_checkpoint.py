@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 
+from ..checkpoint import remove_temporaries
 from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback
+from .base import Monitor, MonitoredCallback, writable_folder
 
 __all__ = ["ModelCheckpoint"]
 
@@ -19,7 +21,14 @@ class ModelCheckpoint(MonitoredCallback):
         monitor: the logged key that decides "best".
         mode: ``"min"``, ``"max"`` or ``"auto"``.
         save_best_only: save only when ``monitor`` improves.
-        keep_last: keep only the newest N files this callback wrote (None: all).
+        keep_last: keep only the newest N files this callback wrote (None: all). Only
+            files inside the folder of ``filepath`` are ever deleted, whatever a
+            restored checkpoint lists.
+
+    The folder (the part of ``filepath`` before any ``{field}``) must be writable,
+    checked before training; temporary files a killed write left there are removed.
+    State is saved under ``"ModelCheckpoint:<filepath>"``, so several checkpoints keep
+    their own lists when reordered between runs.
 
     Example::
 
@@ -34,6 +43,22 @@ class ModelCheckpoint(MonitoredCallback):
         self.filepath, self.monitor, self.mode = os.fspath(filepath), monitor, self._monitor.mode
         self.save_best_only, self.keep_last = save_best_only, keep_last
         self.saved: list[str] = []
+
+    def state_key(self) -> str:
+        return f"ModelCheckpoint:{self.filepath}"
+
+    def _base_folder(self) -> str:
+        """The folder of ``filepath`` up to its first ``{field}``."""
+        first = self.filepath.find("{")
+        return os.path.dirname(self.filepath if first < 0 else self.filepath[:first])
+
+    def _inside(self, path: str) -> bool:
+        root = os.path.realpath(self._base_folder() or ".")
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+    def on_train_begin(self, logs=None):
+        folder = writable_folder(self._base_folder(), "ModelCheckpoint")
+        remove_temporaries(folder)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -56,11 +81,16 @@ class ModelCheckpoint(MonitoredCallback):
         self.saved.append(path)
         while self.keep_last is not None and len(self.saved) > self.keep_last:
             old = self.saved.pop(0)
-            if os.path.exists(old):
+            if os.path.exists(old) and self._inside(old):
                 os.remove(old)
 
     def state_dict(self):
         return {"best": self.best, "saved": list(self.saved)}
 
     def load_state_dict(self, state):
-        self.best, self.saved = state["best"], list(state["saved"])
+        saved = [str(p) for p in state.get("saved", [])]
+        outside = [p for p in saved if not self._inside(p)]
+        if outside:
+            warnings.warn(f"ModelCheckpoint: the restored list names files outside {self._base_folder() or '.'!r} "
+                          f"({', '.join(map(repr, outside))}); they are ignored and never deleted")
+        self.best, self.saved = float(state.get("best", self.best)), [p for p in saved if p not in outside]

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .base import Callback, Monitor
+from .base import Callback, Monitor, writable_folder
 from .raster import firing_statistics, has_matplotlib, raster_figure, raster_image
 
 __all__ = ["TensorBoard", "layer_labels", "readable_tag"]
@@ -136,8 +136,11 @@ class TensorBoard(Callback):
             self._writers[run] = SummaryWriter(os.path.join(self.log_dir, run))
         return self._writers[run]
 
+    def state_key(self) -> str:
+        return f"TensorBoard:{self.log_dir}"
+
     def on_train_begin(self, logs=None):
-        os.makedirs(self.log_dir, exist_ok=True)
+        writable_folder(self.log_dir, "TensorBoard")
         self._writer("train")
         self._dashboard_written = False
         self._labels = layer_labels(self.model.model)

@@ -32,8 +32,8 @@ from ..algorithms.registry import check_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
-from . import checkpoint
-from ..errors import ApproximationWarning, ConfigError, ShapeError
+from .. import checkpoint
+from ..errors import ApproximationWarning, CheckpointError, ConfigError, ShapeError
 from .data import (Arrays, Batch, batch_major, batches, check_finite, check_shuffle, class_table, loss_weight,
                    placement, split_validation)
 from .logs import History, check_verbose, keras_result, model_summary, validation_schedule
@@ -149,6 +149,8 @@ class Trainer:
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream = None  # stateful: (batch size, TraceState) carried to the next batch, None: start afresh
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
+                           loss_callable=None if isinstance(loss, str) or loss is None else
+                           getattr(loss, "__name__", type(loss).__name__),
                            optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
@@ -835,7 +837,7 @@ class Trainer:
 
     def save(self, path: Any) -> None:
         """Write weights, optimizer state, epoch, history and callback state to ``path``
-        (atomically; see :mod:`etrace_fit.training.checkpoint`)."""
+        (atomically; see :mod:`etrace_fit.checkpoint`)."""
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "opt_state": self.opt_state if self.opt_state is not None else {}}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
@@ -845,35 +847,76 @@ class Trainer:
 
     def restore(self, path: Any) -> dict:
         """Load a checkpoint written by :meth:`save` into this trainer and its model;
-        returns the manifest. :class:`CheckpointError` if it does not fit the model."""
+        returns the manifest. :class:`CheckpointError` (and nothing changed) if it does
+        not fit the model, the optimizer or ``update_every``, naming what differs."""
         manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
-        for path_, param in self._params().items():
-            param.value = jax.tree.unflatten(jax.tree.structure(param.value),
-                                             [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(path_)])])
+        try:
+            params = {p: jax.tree.unflatten(jax.tree.structure(s.value),
+                                            [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(p)])])
+                      for p, s in self._params().items()}
+            epoch, epochs = int(manifest["epoch"]), [int(e) for e in manifest["history_epochs"]]
+            history = {str(k): [float(x) for x in v] for k, v in dict(manifest["history"]).items()}
+            callbacks = dict(manifest.get("callbacks", {}))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
+                                  ) from error
+        opt_state = self.opt_state
         if manifest.get("has_opt_state"):
-            if self.update_every is None:
-                target = self.optimizer.init({format_path(p): s.value for p, s in self._params().items()})
-            else:
-                target = self.optimizer.init([leaf for s in self._params().values() for leaf in jax.tree.leaves(s.value)])
-            from flax import serialization
-
-            self.opt_state = jax.tree.map(jnp.asarray, serialization.from_state_dict(target, state["opt_state"]))
+            opt_state = self._restored_opt_state(path, manifest, state, params)
+        for path_, param in self._params().items():
+            param.value = params[path_]
+        self.opt_state = opt_state
         self.history = History(self.history.params, model=self)
-        for epoch in manifest["history_epochs"]:
-            self.history.epoch.append(epoch)
-        self.history.history = {k: list(v) for k, v in manifest["history"].items()}
-        self.epoch = manifest["epoch"]
-        self._callbacks.load_state_dict(manifest.get("callbacks", {}))
+        self.history.epoch.extend(epochs)
+        self.history.history = {k: list(v) for k, v in history.items()}
+        self.epoch = epoch
+        self._callbacks.load_state_dict(callbacks)
         return manifest
+
+    def _restored_opt_state(self, path, manifest, state, params):
+        """The saved optimizer state on this trainer's optimizer, or a CheckpointError
+        saying which of optimizer, ``update_every`` and ``grad_clip`` differ."""
+        from flax import serialization
+
+        saved = manifest.get("config") or {}
+        now = self.config
+        differs = [f"{key} {saved.get(key)!r} when saved, {now.get(key)!r} now" for key in
+                   ("optimizer", "update_every", "grad_clip") if key in saved and saved.get(key) != now.get(key)]
+        if self.update_every is None:
+            target = self.optimizer.init({format_path(p): v for p, v in params.items()})
+        else:
+            target = self.optimizer.init([leaf for v in params.values() for leaf in jax.tree.leaves(v)])
+        try:
+            restored = serialization.from_state_dict(target, state["opt_state"])
+            leaves, saved_leaves = jax.tree.leaves(target), jax.tree.leaves(restored)
+            for a, b in zip(leaves, saved_leaves):
+                if np.shape(a) != np.shape(b):
+                    raise ValueError(f"an optimizer state leaf of shape {np.shape(b)} where {np.shape(a)} is expected")
+        except Exception as error:  # flax raises ValueError / KeyError / TypeError for another structure
+            notes = differs + ([] if now.get("optimizer") is not None else [
+                "an optax optimizer is code, not data: pass the same optimizer (and update_every) as when saved"])
+            hint = "; ".join(notes) or "its structure differs"
+            raise CheckpointError(f"{path}: the saved optimizer state does not fit this trainer's optimizer "
+                                  f"({hint}); {error}") from error
+        return jax.tree.map(jnp.asarray, restored)
 
     @classmethod
     def load(cls, path: Any, model: Any, optimizer: Any = None, **overrides: Any) -> "Trainer":
         """A trainer for ``model`` with the configuration, weights, optimizer state and
         history saved at ``path``. An optimizer given by name is saved by name; an optax
-        optimizer is code, not data: pass the same one (default ``"adam"``)."""
+        optimizer is code, not data: pass the same one (default ``"adam"``). The same
+        for a callable loss and for regularisers: a ``ConfigError`` asks for them
+        (``Trainer.load(path, model, loss=my_loss)``); ``overrides`` replace any saved
+        constructor argument."""
         manifest, _ = checkpoint.read_checkpoint(path)
         nullable = ("decay", "update_every", "grad_clip", "memory_budget")
-        config = {k: v for k, v in manifest["config"].items() if v is not None or k in nullable}
+        config = {k: v for k, v in dict(manifest.get("config") or {}).items() if v is not None or k in nullable}
+        # Code is not data: a callable loss and regularisers must be passed again.
+        for key, what in (("loss_callable", "loss"), ("regularizers", "regularizers")):
+            saved = config.pop(key, None)
+            if saved is not None and what not in overrides:
+                raise ConfigError(f"{path} was saved from a trainer with {what}={saved!r} (code, which a checkpoint "
+                                  f"does not hold); pass it again: Trainer.load(path, model, {what}=...)")
         config.update(overrides)
         saved_optimizer = config.pop("optimizer", None)
         trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)

@@ -65,12 +65,19 @@ def _readme(ns, tmp_path):
     assert len(ns["history"].history["loss"]) == 1
 
 
+def _reliability(ns, tmp_path):
+    folder = tmp_path / "runs" / "reliable"
+    assert sorted(p.name for p in (folder / "ckpt").iterdir()) == ["01.ckpt", "02.ckpt"]
+    assert (folder / "log.csv").read_text().count("\n") == 3  # a header and one row per epoch
+    assert not (folder / "backup").exists() or not any((folder / "backup").iterdir())  # deleted after the run
+
+
 def _training(ns, tmp_path):
     assert (tmp_path / "runs" / "log.csv").exists()  # CSVLogger created its folder
     assert ns["history"].params["epochs"] == ns["history"].epoch[-1] + 1
 
 
-CHECKS = {"README.md": _readme, "training.md": _training}
+CHECKS = {"README.md": _readme, "training.md": _training, "reliability.md": _reliability}
 
 
 def test_the_pages_with_code_are_all_collected():

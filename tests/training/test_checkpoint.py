@@ -69,7 +69,7 @@ def test_a_model_of_another_structure_gets_checkpoint_error_listing_the_mismatch
     (lambda b: b[: len(b) - 10], "truncated"),
     (lambda b: b[:-5] + bytes(5), "corrupted"),
     (lambda b: b"garbage" + b, "not an etrace_fit checkpoint"),
-    (lambda b: b.replace(b'"format_version": 1', b'"format_version": 9'), "format version 9"),
+    (lambda b: b.replace(b'"format_version": 2', b'"format_version": 9'), "format version 9"),
 ])
 def test_damaged_files_raise_checkpoint_error(tmp_path, damage, fragment):
     trainer = ef.Trainer(_model())

@@ -1,0 +1,290 @@
+"""Checkpoints that cannot lie and callbacks that lose nothing (issue 13).
+
+Each test reproduces one failure the issue lists: a manifest edited or bit-flipped, a
+manifest naming a file outside its folder, callback state keyed by list position, a
+backup rotation that could leave no valid file, a NaN epoch backed up as finished,
+writers failing after the first epoch, temporary files left behind, a callable loss
+forgotten by ``Trainer.load``, a raw error for another optimizer.
+"""
+
+import json
+import math
+import os
+import warnings
+
+import brainstate
+import jax
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.callbacks import BackupAndRestore, CSVLogger, LambdaCallback, ModelCheckpoint, TensorBoard
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import CheckpointError, ConfigError
+from etrace_fit.checkpoint import TEMP_PREFIX, read_checkpoint
+
+C, H, T = 4, 8, 12
+
+
+@pytest.fixture(autouse=True)
+def dt():
+    with brainstate.environ.context(dt=1.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            yield
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    return ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
+                         L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
+
+
+def _data(n=16):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.4, seed=0)
+
+
+def _weights(trainer):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(trainer.get_weights())]
+
+
+def _saved(tmp_path, epochs=2, **kwargs):
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="adam", **kwargs)
+    trainer.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+    path = tmp_path / "run.ckpt"
+    trainer.save(path)
+    return trainer, path
+
+
+# ------------------------------------------------------------------ the checksum covers the manifest
+def test_an_edited_epoch_in_the_manifest_is_refused(tmp_path):
+    trainer, path = _saved(tmp_path)
+    data = path.read_bytes()
+    assert data.count(b'"epoch": 1') == 1
+    path.write_bytes(data.replace(b'"epoch": 1', b'"epoch": 2'))
+    with pytest.raises(CheckpointError, match="checksum of its manifest and payload does not match"):
+        trainer.restore(path)
+
+
+def test_every_bit_flip_in_header_or_manifest_is_a_checkpoint_error(tmp_path):
+    """300 single-bit flips spread over the header and the manifest (and 50 in the
+    payload): each one raises CheckpointError, never another exception or a load."""
+    trainer, path = _saved(tmp_path, epochs=1)
+    data = path.read_bytes()
+    header_end = data.index(b"\n", len(b"ETRACE-FIT-CHECKPOINT\n")) + 1
+    manifest_bytes = json.loads(data[len(b"ETRACE-FIT-CHECKPOINT\n"):header_end])["manifest_bytes"]
+    rng = np.random.default_rng(0)
+    positions = list(rng.integers(0, header_end + manifest_bytes, 300)) + \
+        list(rng.integers(header_end + manifest_bytes, len(data), 50))
+    before = _weights(trainer)
+    for position in positions:
+        damaged = bytearray(data)
+        damaged[position] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(CheckpointError):
+            trainer.restore(path)
+    for a, b in zip(before, _weights(trainer)):  # nothing was half-loaded
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_format_1_checkpoint_is_still_read_with_a_warning(tmp_path):
+    """Files written before 0.3 (checksum over the payload only) load, and say so."""
+    import hashlib
+
+    trainer, path = _saved(tmp_path, epochs=1)
+    data = path.read_bytes()
+    magic = b"ETRACE-FIT-CHECKPOINT\n"
+    header_end = data.index(b"\n", len(magic)) + 1
+    header = json.loads(data[len(magic):header_end])
+    manifest = json.loads(data[header_end:header_end + header["manifest_bytes"]])
+    payload = data[header_end + header["manifest_bytes"]:]
+    manifest.update(format_version=1, payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest())
+    old = tmp_path / "old.ckpt"
+    old.write_bytes(magic + json.dumps(manifest, sort_keys=True).encode() + b"\n" + payload)
+    fresh = ef.Trainer(_model(), optimizer="adam")
+    with pytest.warns(UserWarning, match="format 1 checkpoint.*not checksummed"):
+        fresh.restore(old)
+    for a, b in zip(_weights(trainer), _weights(fresh)):
+        np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ what load explains
+def test_loading_with_another_optimizer_or_update_every_says_what_differs_and_changes_nothing(tmp_path):
+    trainer, path = _saved(tmp_path)
+    other = ef.Trainer(_model(), optimizer="sgd")
+    before = _weights(other)
+    with pytest.raises(CheckpointError, match=r"optimizer 'adam' when saved, 'sgd' now"):
+        other.restore(path)
+    for a, b in zip(before, _weights(other)):
+        np.testing.assert_array_equal(a, b)
+    assert other.epoch == -1 and other.history.history == {}
+    with pytest.raises(CheckpointError, match=r"update_every None when saved, 4 now"):
+        ef.Trainer(_model(), optimizer="adam", update_every=4).restore(path)
+    with pytest.raises(CheckpointError, match=r"pass the same optimizer"):
+        ef.Trainer(_model(), optimizer=optax.sgd(0.1)).restore(path)
+
+
+def test_a_callable_loss_must_be_passed_again_at_load(tmp_path):
+    def halved_cross_entropy(output, label):
+        return 0.5 * optax.softmax_cross_entropy_with_integer_labels(output, label)
+
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="adam", loss=halved_cross_entropy)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer.save(tmp_path / "a.ckpt")
+    with pytest.raises(ConfigError, match=r"loss='halved_cross_entropy'.*Trainer.load\(path, model, loss=\.\.\.\)"):
+        ef.Trainer.load(tmp_path / "a.ckpt", _model())
+    loaded = ef.Trainer.load(tmp_path / "a.ckpt", _model(), loss=halved_cross_entropy)
+    assert loaded.evaluate(x, y, verbose=0)["loss"] == pytest.approx(trainer.evaluate(x, y, verbose=0)["loss"])
+    named = ef.Trainer(_model(), optimizer="adam", loss="mse", metrics=[])
+    named.save(tmp_path / "b.ckpt")
+    assert ef.Trainer.load(tmp_path / "b.ckpt", _model()).config["loss"] == "mse"
+
+
+# ------------------------------------------------------------------ callbacks' files
+def test_a_restored_list_never_makes_model_checkpoint_delete_outside_its_folder(tmp_path):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    checkpoint = ModelCheckpoint(str(tmp_path / "ckpt" / "{epoch}.ckpt"), keep_last=1)
+    with pytest.warns(UserWarning, match="outside.*ignored and never deleted"):
+        checkpoint.load_state_dict({"best": math.inf, "saved": [str(outside), "../../etc/passwd"]})
+    x, y = _data()
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[checkpoint])
+    assert outside.read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["2.ckpt"]
+
+
+def test_callback_state_follows_the_callback_not_its_position(tmp_path):
+    """Two ModelCheckpoints swapped between runs each restore their own list (keyed by
+    their file pattern), so keep_last deletes only their own old files."""
+    x, y = _data()
+    backup = str(tmp_path / "backup")
+
+    def checkpoints():
+        return (ModelCheckpoint(str(tmp_path / "a" / "{epoch}.ckpt"), keep_last=2),
+                ModelCheckpoint(str(tmp_path / "b" / "{epoch}.ckpt"), keep_last=2))
+
+    a, b = checkpoints()
+    stop = LambdaCallback(on_epoch_end=lambda e, logs: setattr(trainer, "stop_training", e == 1))
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    trainer.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[a, b, stop, BackupAndRestore(backup)])
+    a, b = checkpoints()
+    resumed = ef.Trainer(_model(), optimizer="adam")
+    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(backup), b, a])
+    assert a.saved == [str(tmp_path / "a" / "3.ckpt"), str(tmp_path / "a" / "4.ckpt")]
+    assert b.saved == [str(tmp_path / "b" / "3.ckpt"), str(tmp_path / "b" / "4.ckpt")]
+    assert sorted(os.listdir(tmp_path / "a")) == sorted(os.listdir(tmp_path / "b")) == ["3.ckpt", "4.ckpt"]
+
+
+@pytest.mark.parametrize("order", ["backup_first", "backup_last"])
+def test_an_epoch_interrupted_at_its_end_is_rerun_without_lost_or_doubled_output(tmp_path, order):
+    """A crash during epoch 1's end-of-epoch work (after the CSV row and the checkpoint,
+    before the backup, whatever the list order): the resumed run redoes epoch 1 and the
+    CSV has rows 0..3 once each, every checkpoint file exists."""
+    x, y = _data()
+    backup, csv_path = str(tmp_path / "backup"), str(tmp_path / "log.csv")
+
+    class Crash(Exception):
+        pass
+
+    def crash(epoch, logs):
+        if epoch == 1:
+            raise Crash
+
+    def callbacks(with_crash):
+        listed = [CSVLogger(csv_path), ModelCheckpoint(str(tmp_path / "ckpt" / "{epoch}.ckpt"))]
+        listed += [LambdaCallback(on_epoch_end=crash)] if with_crash else []
+        return [BackupAndRestore(backup), *listed] if order == "backup_first" else [*listed, BackupAndRestore(backup)]
+
+    with pytest.raises(Crash):
+        ef.Trainer(_model(), optimizer="adam").fit(x, y, batch_size=8, epochs=4, verbose=0,
+                                                   callbacks=callbacks(True))
+    assert read_checkpoint(os.path.join(backup, "latest.ckpt"))[0]["epoch"] == 0  # epoch 1 not backed up
+    history = ef.Trainer(_model(), optimizer="adam").fit(x, y, batch_size=8, epochs=4, verbose=0,
+                                                         callbacks=callbacks(False))
+    with open(csv_path) as handle:
+        rows = [line.split(",")[0] for line in handle.read().splitlines()]
+    assert rows == ["epoch", "0", "1", "2", "3"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["1.ckpt", "2.ckpt", "3.ckpt", "4.ckpt"]
+    assert history.epoch == [0, 1, 2, 3]
+
+
+def test_an_interrupted_backup_write_leaves_the_last_good_backup(tmp_path):
+    """Ctrl-C while the second epoch's backup is written: the first epoch's backup is
+    still there and valid, and the next run resumes from it."""
+    x, y = _data()
+    backup = tmp_path / "backup"
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    original = trainer.save
+
+    def interrupted_save(path):
+        if trainer.epoch == 1:
+            raise KeyboardInterrupt
+        original(path)
+
+    trainer.save = interrupted_save
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[BackupAndRestore(str(backup))])
+    assert read_checkpoint(backup / "latest.ckpt")[0]["epoch"] == 0
+    assert not [p for p in os.listdir(backup) if p.startswith(TEMP_PREFIX)]
+    resumed = ef.Trainer(_model(), optimizer="adam")
+    assert resumed.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                       callbacks=[BackupAndRestore(str(backup))]).epoch == [0, 1, 2]
+
+
+def test_the_newest_valid_backup_is_used_whichever_file_holds_it(tmp_path):
+    """A kill between writing next.ckpt and renaming it leaves next newer than latest."""
+    x, y = _data()
+    backup = tmp_path / "backup"
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                callbacks=[BackupAndRestore(str(backup), delete_on_finish=False)])
+    os.replace(backup / "latest.ckpt", backup / "next.ckpt")  # epoch 1, not yet renamed
+    resumed = ef.Trainer(_model(), optimizer="adam")
+    assert resumed.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                       callbacks=[BackupAndRestore(str(backup))]).epoch == [0, 1, 2]
+    assert resumed.history.history["loss"][:2] == trainer.history.history["loss"]
+
+
+def test_a_non_finite_epoch_is_not_backed_up(tmp_path):
+    x, y = _data()
+    backup = BackupAndRestore(str(tmp_path / "backup"), delete_on_finish=False)
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[backup])
+    with pytest.warns(UserWarning, match="epoch 2 ended with loss nan; it is not backed up"):
+        backup.on_epoch_end(1, {"loss": float("nan")})
+    assert read_checkpoint(tmp_path / "backup" / "latest.ckpt")[0]["epoch"] == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda blocked: CSVLogger(str(blocked / "log.csv")),
+    lambda blocked: ModelCheckpoint(str(blocked / "{epoch}.ckpt")),
+    lambda blocked: BackupAndRestore(str(blocked / "backup")),
+    lambda blocked: TensorBoard(str(blocked / "tb")),
+], ids=["CSVLogger", "ModelCheckpoint", "BackupAndRestore", "TensorBoard"])
+def test_an_unwritable_folder_fails_before_the_first_batch_naming_the_path(tmp_path, make):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")  # a path under a file cannot be created, even by root
+    batches = []
+    callback = make(blocked)
+    x, y = _data()
+    with pytest.raises(ConfigError, match=rf"{type(callback).__name__}: cannot write to the folder .*a_file"):
+        ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
+            callback, LambdaCallback(on_train_batch_begin=lambda b, logs: batches.append(b))])
+    assert batches == []
+
+
+def test_temporary_files_of_a_killed_write_are_removed_at_start(tmp_path):
+    for folder in ("backup", "ckpt"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{TEMP_PREFIX}abc123").write_bytes(b"torn")
+    (tmp_path / "ckpt" / "mine.txt").write_text("not ours")
+    x, y = _data()
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
+        BackupAndRestore(str(tmp_path / "backup"), delete_on_finish=False),
+        ModelCheckpoint(str(tmp_path / "ckpt" / "{epoch}.ckpt"))])
+    assert sorted(os.listdir(tmp_path / "backup")) == ["latest.ckpt"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["1.ckpt", "mine.txt"]
