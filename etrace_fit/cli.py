@@ -117,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(parser: argparse.ArgumentParser, name: str, value: int | float | None) -> None:
-    if value is not None and not value > 0:
-        parser.error(f"--{name} must be positive, got {value}")
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        parser.error(f"--{name} must be positive and finite, got {value}")
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name in ("epochs", "batch_size", "samples", "lr"):
         _positive(parser, name.replace("_", "-"), getattr(args, name))
+    if not 0 <= args.seed < 2 ** 32:  # numpy's seeds
+        parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     try:
         train(args)
     except EtraceError as error:

@@ -167,6 +167,19 @@ def _sum_to_shape(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return value.sum(axis=axes, keepdims=True) if axes else value
 
 
+def scalar_loss(step_loss: Any, outputs: Any, target: Any) -> jax.Array:
+    """``step_loss(outputs, target)``, which must be a scalar: a per-sample loss ``(B,)``
+    summed silently would scale the gradient by the batch size, so it is an error."""
+    from ..errors import ConfigError
+
+    value = step_loss(outputs, target)
+    if jnp.ndim(value) != 0:
+        name = getattr(step_loss, "__name__", type(step_loss).__name__)
+        raise ConfigError(f"step_loss {name!r} returned shape {tuple(jnp.shape(value))}; it must return one scalar "
+                          f"per step (reduce over the batch inside it, e.g. jnp.mean(per_sample) or .sum())")
+    return value
+
+
 def traced_pairs(graph: ETraceGraph) -> tuple[TracedPair, ...]:
     """Every (relation, group) pair of the graph, in relation order."""
     pairs = []

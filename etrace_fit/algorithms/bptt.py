@@ -15,6 +15,7 @@ from jax import lax
 from .. import _compat
 from ..compiler import ETraceGraph
 from .online import Collected, OnlineProgram, TraceState
+from .base import scalar_loss
 
 __all__ = ["build_bptt"]
 
@@ -50,7 +51,7 @@ def build_bptt(graph: ETraceGraph, step_loss: Callable[[Any, Any], jax.Array]) -
                     leaves[position] = value
                 outs = step_fn(*input_leaves, *leaves)
                 outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
-                return [outs[num_outputs + p] for p in others_at], (step_loss(outputs, target), outputs)
+                return [outs[num_outputs + p] for p in others_at], (scalar_loss(step_loss, outputs, target), outputs)
 
             others, (losses, outputs) = lax.scan(body, [state_leaves[p] for p in others_at],
                                                  (list(xs_leaves), targets))

@@ -34,6 +34,8 @@ from .online import TraceState, _assemble, build_online
 from .registry import check_algo
 
 __all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
+#: Compiled programs a learner keeps (one per input shape and step_loss); the oldest go first.
+MAX_PROGRAMS = 16
 _TRACE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float64))
 
 
@@ -149,6 +151,7 @@ class Learner:
     step_loss: Callable | None = None
     step_fn: Callable | None = None
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+    _notes: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def rules(self) -> dict[str, str]:
@@ -191,6 +194,8 @@ class Learner:
                               f"{type(step_loss).__name__}")
         key = (_signature(xs), _signature(targets), step_loss)
         entry = self._compiled.get(key)
+        if entry is None:
+            self._note_new_program(key)
         if entry is None or not _same_states(self.model, entry.graph):  # states recreated: trace again
             _check_batch_axis(self.model, jax.tree.leaves(xs))
             example = jax.tree.map(lambda x: x[0], xs)
@@ -202,6 +207,24 @@ class Learner:
                 program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
         return self._compiled[key]
+
+    def _note_new_program(self, key) -> None:
+        """Keep at most :data:`MAX_PROGRAMS` programs (the oldest go), and warn once when a
+        new program is only needed because ``step_loss`` is a new function object with
+        the code of one compiled before (a lambda made in a loop): same result, a new
+        compile each call."""
+        code = getattr(key[2], "__code__", None)
+        if code is not None and "recompiling" not in self._notes and any(
+                k[:2] == key[:2] and getattr(k[2], "__code__", None) is code for k in self._compiled):
+            self._notes["recompiling"] = True
+            import warnings
+
+            warnings.warn("compiling the sequence again for a new step_loss function with the same code as one "
+                          "compiled before (a lambda or closure made anew for each call?): define the loss once "
+                          "and pass that same function, or compile once with ef.compile(..., step_loss) and call "
+                          "learner.grad; programs are keyed by the function object", RuntimeWarning, stacklevel=4)
+        while len(self._compiled) >= MAX_PROGRAMS:
+            self._compiled.pop(next(iter(self._compiled)))
 
     def _plan_on(self, graph: ETraceGraph) -> Plan:
         """This learner's plan on ``graph`` (the same step at another batch size)."""

@@ -26,7 +26,7 @@ from .. import _compat
 from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
-from .base import PairSignals, Rule, TracedPair
+from .base import PairSignals, Rule, TracedPair, scalar_loss
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
@@ -160,7 +160,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], override=override, on_write=on_write)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
-        loss = step_loss(outputs, target)
+        loss = scalar_loss(step_loss, outputs, target)
         new_others = [outs[num_outputs + p] for p in other_positions]
         return loss, (new_others, [captured[var] for var in capture], outputs)
 

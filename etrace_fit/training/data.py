@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator, Mapping
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
@@ -35,14 +36,24 @@ class Batch:
 
 
 def check_finite(x: Any, name: str = "x") -> None:
-    """Raise :class:`ShapeError` naming the first sample that holds NaN or inf."""
+    """Raise :class:`ShapeError` naming the first sample that holds NaN or inf (every
+    floating dtype, bfloat16 and float16 included)."""
     values = np.asarray(x)
-    if not np.issubdtype(values.dtype, np.floating) or values.size == 0:
+    if not jnp.issubdtype(values.dtype, jnp.floating) or values.size == 0:
         return
+    if not np.issubdtype(values.dtype, np.floating):  # bfloat16 (ml_dtypes): check it as float32
+        values = values.astype(np.float32)
     bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1) if values.ndim else ~np.isfinite(values)
     if np.any(bad):
         first = int(np.argmax(bad))
         raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data before training")
+
+
+def check_count(value: Any, name: str) -> int:
+    """A positive int (``batch_size``, ``steps_per_epoch``), else :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def check_shuffle(shuffle: Any) -> None:
@@ -199,6 +210,11 @@ def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray,
                          f" with at least 3 axes, got shape {tuple(x.shape)}")
     xs = x if time_major else np.swapaxes(x, 0, 1)
     steps, size = xs.shape[0], xs.shape[1]
+    if steps == 0:
+        raise ShapeError(f"x has no time steps (T = 0, shape {tuple(x.shape)}); a sequence needs at least one step")
+    if batch.mask is not None and loss_on != "mask":
+        raise ConfigError(f"a mask was given but loss_on={loss_on!r} ignores it; pass loss_on='mask' to place "
+                          f"the loss by the mask, or drop the mask")
     wdtype = weight_dtype(x)
     if loss_on == "mask":
         if batch.mask is None:

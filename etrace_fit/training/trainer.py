@@ -34,7 +34,7 @@ from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from .. import checkpoint
 from ..errors import ApproximationWarning, CheckpointError, ConfigError, ShapeError
-from .data import (Arrays, Batch, batch_major, batches, check_finite, check_shuffle, class_table, loss_weight,
+from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_shuffle, class_table, loss_weight,
                    placement, split_validation)
 from .logs import History, check_verbose, keras_result, model_summary, validation_schedule
 from .memory import check_trace_memory, device_memory
@@ -104,6 +104,9 @@ class Trainer:
             e.g. ``[FiringRateRegularizer(target=0.05)]``
             (:class:`~etrace_fit.training.spiking.FiringRateRegularizer`); they act at
             every step whatever ``loss_on`` is, so no step skips its learning signal.
+        stop_on_nonfinite: stop ``fit`` (with a warning naming the fix) after an epoch
+            in which every batch had a non-finite loss or gradient. Such a batch's
+            update is never applied; a few of them only warn.
 
     Example::
 
@@ -128,6 +131,7 @@ class Trainer:
         memory_budget: int | str | None = None,
         stateful: bool = False,
         regularizers: Sequence[Any] | None = None,
+        stop_on_nonfinite: bool = True,
     ):
         check_algo(algo)
         if isinstance(metrics, str):
@@ -144,6 +148,9 @@ class Trainer:
         parse_bytes(memory_budget)
         if not isinstance(stateful, bool):
             raise ConfigError(f"stateful must be True or False, got {stateful!r}")
+        if not isinstance(stop_on_nonfinite, bool):
+            raise ConfigError(f"stop_on_nonfinite must be True or False, got {stop_on_nonfinite!r}")
+        self.stop_on_nonfinite = stop_on_nonfinite
         self.model = model
         self.stateful = stateful
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
@@ -154,7 +161,7 @@ class Trainer:
                            optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
-                           memory_budget=memory_budget, stateful=stateful,
+                           memory_budget=memory_budget, stateful=stateful, stop_on_nonfinite=stop_on_nonfinite,
                            regularizers=[repr(r) for r in self.regularizers] or None)
         self.epoch = -1  # the last finished epoch
         self._callbacks = CallbackList()
@@ -188,6 +195,7 @@ class Trainer:
         self.sample_inputs: np.ndarray | None = None
         self.sample_label: Any = None
         self.batch_size: int | None = None
+        self._num_classes: int | None = None  # the model's outputs, known after the first batch
         self._norms_warned = False
         self._recorder = None
 
@@ -290,10 +298,26 @@ class Trainer:
         return traces
 
     def _check_first(self, xs, ys) -> None:
-        """Errors before any training: the model's input size and the labels' range."""
+        """Errors before any training, on the first batch: the model's input size (the
+        layer says), the loss's output shape (one value per sample) and the labels' range."""
         out = self._outputs(xs[:1])
-        if getattr(self.loss_fn, "integer_labels", False):
-            check_labels(np.asarray(ys), int(out.shape[-1]))
+        self._num_classes = int(out.shape[-1]) if out.ndim >= 2 else None
+        value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
+        if tuple(value.shape) != tuple(out.shape[:2]):
+            name = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+            raise ConfigError(f"loss {name!r} returned shape {tuple(value.shape[1:])} for a batch of "
+                              f"{out.shape[1]} samples; a loss returns one value per sample, shape "
+                              f"({out.shape[1]},) (sum or average any other axis inside the loss)")
+        self._check_targets(ys, "y")
+
+    def _check_targets(self, y, where: str) -> None:
+        """NaN / inf in float targets, and integer labels outside the model's classes."""
+        if y is None:
+            return
+        y = np.asarray(y)
+        check_finite(y, where)
+        if getattr(self.loss_fn, "integer_labels", False) and self._num_classes is not None:
+            check_labels(y, self._num_classes, where=where)
 
     def _metrics(self, outputs, ys, weight) -> dict[str, jax.Array]:
         return placed_metrics(self.metric_fns, outputs, ys, weight)
@@ -348,6 +372,9 @@ class Trainer:
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < initial_epoch:
             raise ConfigError(f"epochs must be an int >= initial_epoch ({initial_epoch}), got {epochs!r}")
         validates = validation_schedule(validation_freq)
+        check_count(batch_size, "batch_size")
+        if steps_per_epoch is not None:
+            check_count(steps_per_epoch, "steps_per_epoch")
         if validation_split and validation_data is not None:
             raise ConfigError("give validation_data or validation_split, not both")
         is_array = hasattr(x, "shape")
@@ -366,11 +393,15 @@ class Trainer:
             validation = self._as_data(validation_data, "validation_data")
         if is_array:
             check_finite(x)
+            if y is not None:
+                check_finite(y, "y")
         weights_by_class = None if class_weight is None else class_table(class_weight, y)
         self.sample_input = self.sample_inputs = self.sample_label = None
         self.batch_size = batch_size
         if isinstance(validation, Arrays):
             check_finite(validation.x, "validation x")
+            if validation.y is not None:
+                check_finite(validation.y, "validation y")
             if len(validation.x):
                 self.sample_inputs = np.asarray(validation.x[:8])
                 self.sample_input = self.sample_inputs[0]
@@ -418,6 +449,12 @@ class Trainer:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
                     self._check_first(xs, ys)
+                    if is_array:  # every label, not only the first batch's, before the first update
+                        self._check_targets(y, "y")
+                    if isinstance(validation, Arrays):
+                        self._check_targets(validation.y, "validation y")
+                elif not is_array:  # an iterable's batches are checked as they come, before their step
+                    self._check_targets(ys, f"y of batch {step}")
                     if self.sample_input is None:
                         self.sample_inputs = np.swapaxes(np.asarray(xs[:, :8]), 0, 1)
                         self.sample_input = self.sample_inputs[0]
@@ -521,11 +558,17 @@ class Trainer:
         for key in records[0][2] if records else ():
             logs[key] = sum(size * float(metrics[key]) for size, _, metrics, _ in records) / total
         skipped = sum(not bool(finite) for *_, finite in records)
-        if skipped:
+        fix = ("lower the learning rate, set grad_clip, or use trace_dtype float64 if eligibility traces overflow")
+        if skipped and skipped == len(records) and self.stop_on_nonfinite:
+            self.skipped_batches += skipped
+            self.stop_training = True
+            warnings.warn(f"epoch {epoch + 1}: every batch ({skipped}) had a non-finite loss or gradient, so "
+                          f"nothing was learned; training stops ({fix}; Trainer(stop_on_nonfinite=False) "
+                          "goes on)", RuntimeWarning, stacklevel=3)
+        elif skipped:
             self.skipped_batches += skipped
             warnings.warn(f"epoch {epoch + 1}: {skipped} of {len(records)} batches had a non-finite loss or "
-                          "gradient; their updates were not applied (lower the learning rate, set grad_clip, use "
-                          "trace_dtype float64 if eligibility traces overflow, or add TerminateOnNaN to stop)",
+                          f"gradient; their updates were not applied ({fix}, or add TerminateOnNaN to stop)",
                           RuntimeWarning, stacklevel=3)
         return logs
 
@@ -582,7 +625,7 @@ class Trainer:
             return None
         if hasattr(data, "shape"):
             data = (data, y)
-        if isinstance(data, tuple) and len(data) in (2, 3) and hasattr(data[0], "shape"):
+        if isinstance(data, (tuple, list)) and len(data) in (2, 3) and hasattr(data[0], "shape"):
             x, y, mask = (*data, None)[:3]
             if self.time_major:
                 x, y, mask = batch_major(x, y, mask, name=name)
@@ -626,6 +669,14 @@ class Trainer:
             hooks.on_test_batch_begin(step, {})
             xs, ys, weight = self._time_major(batch, time_major)
             self._ensure_states(xs.shape[1])
+            if step == 0 and self._num_classes is None:
+                self._num_classes = int(self._outputs(xs[:1]).shape[-1])
+            if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
+                check_finite(data.x, "x")
+                self._check_targets(data.y, "y")
+            elif not isinstance(data, Arrays):
+                check_finite(np.asarray(xs), f"x of batch {step}")
+                self._check_targets(ys, f"y of batch {step}")
             if self._eval_step is None:
                 self._eval_step = self._build_eval_step()
             logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight, False).items()}
