@@ -740,6 +740,7 @@ class Trainer:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
         training). ``x`` as in :meth:`fit`: arrays (with ``y``) or an iterable of batches."""
         check_verbose(verbose)
+        check_count(batch_size, "batch_size")
         return self._evaluate(self._as_data(x, "x", y), batch_size, CallbackList(callbacks, model=self))
 
     def spiking_layers(self) -> dict[str, Any]:
@@ -993,6 +994,7 @@ class Trainer:
         traces follow training only, so call :meth:`reset_states` before training on
         a stream you predicted on."""
         check_verbose(verbose)
+        check_count(batch_size, "batch_size")
         if not hasattr(x, "shape"):
             raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
         data = self._as_data(x, "x")

@@ -185,6 +185,19 @@ def test_bad_fit_arguments_fail_before_training(kwargs, error, match):
     assert _fit_counting.began == 0
 
 
+def test_evaluate_and_predict_check_their_batch_size_and_inputs():
+    x, y = _data()
+    trainer = ef.Trainer(_model())
+    with pytest.raises(ConfigError, match=r"batch_size must be a positive int, got 0"):
+        trainer.evaluate(x, y, batch_size=0, verbose=0)
+    with pytest.raises(ConfigError, match=r"batch_size must be a positive int, got -3"):
+        trainer.predict(x, batch_size=-3, verbose=0)
+    bad = x.astype(ml_dtypes.bfloat16)
+    bad[2, 0, 0] = np.inf
+    with pytest.raises(ShapeError, match=r"x contains NaN or inf \(first in sample 2\)"):
+        trainer.predict(bad, verbose=0)
+
+
 def test_sequences_without_time_steps_are_a_shape_error():
     x, y = _data()
     with pytest.raises(ShapeError, match=r"x has no time steps \(T = 0"):
