@@ -3,11 +3,13 @@
 exception type, the message, and that no training batch ran (or, for data that arrives
 batch by batch, that the bad batch did not)."""
 
+import re
 import subprocess
 import sys
 import warnings
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -15,30 +17,10 @@ import optax
 import pytest
 
 import etrace_fit as ef
-from etrace_fit import layers as L
 from etrace_fit.callbacks import LambdaCallback
-from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError, ShapeError
 
-C, H, T = 4, 8, 12
-
-
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ef.ApproximationWarning)
-            yield
-
-
-def _model():
-    rng = np.random.default_rng(0)
-    return ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
-                         L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
-
-
-def _data(n=16):
-    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.4, seed=0)
+from ._helpers import C, T, lif_model as _model, rate_data as _data
 
 
 def _fit_counting(trainer, *args, **kwargs):
@@ -111,17 +93,11 @@ def test_training_stops_after_an_epoch_in_which_every_batch_was_non_finite():
                                             r"lower the learning rate"):
         history = trainer.fit(x, targets, batch_size=8, epochs=6, verbose=0)
     assert len(history.epoch) < 6
-    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax_leaves(trainer.get_weights()))
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(trainer.get_weights()))
     going_on = ef.Trainer(_model(), optimizer=optax.sgd(1e30), loss="mse", metrics=[], stop_on_nonfinite=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert len(going_on.fit(x, targets, batch_size=8, epochs=4, verbose=0).epoch) == 4
-
-
-def jax_leaves(tree):
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 # ------------------------------------------------------------------ losses and masks
@@ -221,6 +197,4 @@ def test_the_command_line_refuses_bad_numbers_without_a_traceback(args, match):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    import re
-
     assert re.search(match, done.stderr), done.stderr

@@ -7,7 +7,6 @@ large under SGD), so no reference implementation is needed.
 """
 
 import io
-import os
 import warnings
 
 import brainstate

@@ -6,7 +6,6 @@ over a ``for_loop`` of the model, the loss and penalty written out here), in flo
 effect is checked by the firing rate before and after training.
 """
 
-import warnings
 
 import brainstate
 import jax
@@ -22,14 +21,6 @@ from etrace_fit.errors import ConfigError
 from etrace_fit.training import FiringRateRegularizer
 
 C, H, T, B = 4, 8, 12, 6
-
-
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ef.ApproximationWarning)
-            yield
 
 
 def _model(dtype=np.float32, scale=1.5, readout="rate"):

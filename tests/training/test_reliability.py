@@ -10,40 +10,18 @@ forgotten by ``Trainer.load``, a raw error for another optimizer.
 import json
 import math
 import os
-import warnings
 
-import brainstate
 import jax
 import numpy as np
 import optax
 import pytest
 
 import etrace_fit as ef
-from etrace_fit import layers as L
 from etrace_fit.callbacks import BackupAndRestore, CSVLogger, LambdaCallback, ModelCheckpoint, TensorBoard
-from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import CheckpointError, ConfigError
 from etrace_fit.checkpoint import TEMP_PREFIX, read_checkpoint
 
-C, H, T = 4, 8, 12
-
-
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ef.ApproximationWarning)
-            yield
-
-
-def _model():
-    rng = np.random.default_rng(0)
-    return ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
-                         L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
-
-
-def _data(n=16):
-    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.4, seed=0)
+from ._helpers import lif_model as _model, rate_data as _data
 
 
 def _weights(trainer):
