@@ -10,6 +10,7 @@ forgotten by ``Trainer.load``, a raw error for another optimizer.
 import json
 import math
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -266,3 +267,29 @@ def test_temporary_files_of_a_killed_write_are_removed_at_start(tmp_path):
         ModelCheckpoint(str(tmp_path / "ckpt" / "{epoch}.ckpt"))])
     assert sorted(os.listdir(tmp_path / "backup")) == ["latest.ckpt"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["1.ckpt", "mine.txt"]
+
+
+def test_terminate_on_nan_with_a_backup_resumes_from_the_last_finite_epoch(tmp_path):
+    """The issue's case: a learning rate that blows up in epoch 2 under TerminateOnNaN and
+    BackupAndRestore. The NaN epoch is not backed up, so the rerun with a fixed learning
+    rate trains from the last finite epoch instead of keeping NaN weights."""
+    from etrace_fit.callbacks import TerminateOnNaN
+
+    x, y = _data()
+    targets = np.zeros((len(x), 2), np.float32)
+    backup = str(tmp_path / "backup")
+    blowing_up = ef.Trainer(_model(), optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2),
+                            loss="mse", metrics=[])
+    explode = LambdaCallback(on_epoch_end=lambda e, logs: setattr(blowing_up, "learning_rate", 1e30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blowing_up.fit(x, targets, batch_size=4, epochs=4, verbose=0,
+                       callbacks=[explode, TerminateOnNaN(), BackupAndRestore(backup)])
+    assert blowing_up.stop_training and len(blowing_up.history.epoch) == 2
+    assert not math.isfinite(blowing_up.history.history["loss"][-1])
+    assert read_checkpoint(os.path.join(backup, "latest.ckpt"))[0]["epoch"] == 0  # epoch 1 was NaN
+    fixed = ef.Trainer(_model(), optimizer=optax.sgd(1e-2), loss="mse", metrics=[])
+    history = fixed.fit(x, targets, batch_size=4, epochs=4, verbose=0, callbacks=[BackupAndRestore(backup)])
+    assert history.epoch == [0, 1, 2, 3]
+    assert all(math.isfinite(v) for v in history.history["loss"])
+    assert all(np.isfinite(w).all() for w in _weights(fixed))
