@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import brainstate
 import jax
 import numpy as np
 import optax
@@ -20,12 +19,6 @@ from etrace_fit.errors import CheckpointError
 
 C, H, T = 4, 8, 12
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        yield
 
 
 def _model(hidden=H):

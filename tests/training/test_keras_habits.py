@@ -9,7 +9,6 @@ large under SGD), so no reference implementation is needed.
 import io
 import warnings
 
-import brainstate
 import jax
 import numpy as np
 import optax
@@ -22,14 +21,6 @@ from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError, ShapeError
 
 C, H, T = 4, 8, 12
-
-
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ef.ApproximationWarning)
-            yield
 
 
 def _data(n=16, seed=0):

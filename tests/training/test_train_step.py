@@ -18,12 +18,6 @@ from _shared_reference import PSEUDO_DERIVATIVES, spike_function
 C, H, T = 5, 12, 20
 
 
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        yield
-
-
 def _data(n, seed=0):
     return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
 

@@ -15,12 +15,6 @@ from etrace_fit.errors import ConfigError, ShapeError
 C, H, T = 6, 16, 30
 
 
-@pytest.fixture(autouse=True)
-def dt():
-    with brainstate.environ.context(dt=1.0):
-        yield
-
-
 def _data(n=96, seed=0):
     return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
 
