@@ -26,7 +26,6 @@ import optax
 
 import etrace_fit as ef
 from etrace_fit import layers
-from etrace_fit.compiler import format_path
 from etrace_fit.training.data import batches
 
 B, I, H, O = 16, 64, 128, 10
@@ -50,18 +49,19 @@ def main() -> None:
         warnings.simplefilter("ignore")
         trainer.fit(x, y, batch_size=B, epochs=1, verbose=0)  # compiles
 
-    # The bare step: the same jitted function fit calls, on one batch, no host work between calls.
+    # The bare step: the same jitted function fit calls, on one batch, the training state
+    # chained from call to call, no host work in between.
     xs, ys, weight = trainer._time_major(next(iter(batches(x, y, batch_size=B, shuffle=False))))
-    compiled, step = trainer._batch_program(xs, ys, weight)
-    params = trainer.model.states(brainstate.ParamState)
-    values = {format_path(path): state.value for path, state in params.items()}
-    call = (values, trainer.opt_state, compiled.state_leaves(), [xs], ys, weight, None, None)
+    compiled, step, reset = trainer._batch_program(xs, ys, weight)
+    start_state = trainer._state._replace(states=[
+        reset.placeholders[reset.positions.index(n)] if n in reset.positions else leaf
+        for n, leaf in enumerate(trainer._state.states)])
 
     def bare():
-        out = None
+        state = start_state
         for _ in range(args.batches):
-            out = step(*call)
-        jax.block_until_ready(out)
+            state, result = step(state, [xs], ys, weight, None, start=True)
+        jax.block_until_ready((state, result))
 
     def fit():
         trainer.fit(x, y, batch_size=B, epochs=1, verbose=0)

@@ -51,6 +51,7 @@ __all__ = [
     "is_tracer",
     "jaxpr_as_fun",
     "new_jaxpr_eqn",
+    "used_inputs",
     "register_primitive",
 ]
 
@@ -58,6 +59,14 @@ __all__ = [
 def is_tracer(value: Any) -> bool:
     """True when ``value`` is a JAX tracer (an abstract value under a transformation)."""
     return isinstance(value, jax.core.Tracer)
+
+
+def used_inputs(closed: ClosedJaxpr) -> list[bool]:
+    """Per input of ``closed``, whether any equation or output reads it."""
+    jaxpr = closed.jaxpr
+    read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, Var)}
+    read |= {id(v) for v in jaxpr.outvars if isinstance(v, Var)}
+    return [id(v) in read for v in jaxpr.invars]
 
 
 def is_symbolic_zero(tangent: Any) -> bool:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
 import optax
 
 from ..errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "find_hyperparams", "get_optimizer"]
+__all__ = ["OPTIMIZERS", "LearningRate", "find_hyperparams", "get_optimizer"]
 
 #: Keras name → (optax factory, Keras' default learning rate).
 OPTIMIZERS: dict[str, tuple[Any, float]] = {
@@ -69,3 +70,39 @@ def find_hyperparams(opt_state: Any) -> dict | None:
 
     visit(opt_state)
     return found[0] if found else None
+
+
+class LearningRate:
+    """The Trainer's optimizer state and learning rate (a part of :class:`~etrace_fit.Trainer`)."""
+
+    def _init_optimizer(self, values: Any) -> None:
+        """Create the optimizer state over ``values`` and apply a learning rate set
+        before it existed."""
+        self.opt_state = self.optimizer.init(values)
+        if self._pending_learning_rate is not None:
+            self.learning_rate, self._pending_learning_rate = self._pending_learning_rate, None
+
+    def _hyperparams(self) -> dict | None:
+        return find_hyperparams(self.opt_state)
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The optimizer's current learning rate, when it was built with
+        ``optax.inject_hyperparams`` (else None)."""
+        if self.opt_state is None:
+            return self._pending_learning_rate
+        hyperparams = self._hyperparams()
+        if hyperparams is None or "learning_rate" not in hyperparams:
+            return None
+        return float(hyperparams["learning_rate"])
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if self.opt_state is None:
+            self._pending_learning_rate = float(value)
+            return
+        hyperparams = self._hyperparams()
+        if hyperparams is None or "learning_rate" not in hyperparams:
+            raise ConfigError("the learning rate can only be changed for an optimizer built with "
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)")
+        hyperparams["learning_rate"] = jnp.asarray(value, jnp.asarray(hyperparams["learning_rate"]).dtype)

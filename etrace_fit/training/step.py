@@ -3,15 +3,17 @@ scan over a batch, the loss and metrics on its outputs, and the optax update."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from ..algorithms.online import _assemble
 from ..compiler import format_path
+from .state import Reset, TrainState
 
-__all__ = ["build_train_step", "placed_metrics", "sequence_targets"]
+__all__ = ["StepResult", "build_train_step", "placed_metrics", "sequence_targets"]
 
 
 def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight: jax.Array) -> dict[str, jax.Array]:
@@ -28,25 +30,45 @@ def sequence_targets(ys: Any, weight: jax.Array, regularized: bool) -> tuple:
     return ys, weight, jnp.full((length,), 1.0 / length, jnp.result_type(weight.dtype, jnp.float32))
 
 
+class StepResult(NamedTuple):
+    """What one training step reports besides the next :class:`TrainState` (device
+    values; nothing waits for them): the batch's ``loss`` and ``metrics``, whether its
+    update was applied (``finite``), the gradients by weight path (None with
+    ``update_every``) and each traced weight's per-sample trace norms."""
+
+    loss: jax.Array
+    metrics: dict
+    finite: jax.Array
+    gradients: dict | None
+    trace_norms: dict
+
+
 def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
-                     update_every: int | None, regularized: bool = False):
+                     update_every: int | None, regularized: bool = False, reset: Reset | None = None):
     """The whole training step over one batch as one pure jitted function (built once
     per compiled program, i.e. per input shape):
 
-    ``step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces)
-    -> (new values, new opt_state, final state leaves, grads, loss, metrics, trace norms,
-    finite, traces)``
+    ``step(state, xs_leaves, ys, weight, metric_weight, fresh=None, start=True)
+    -> (next TrainState, StepResult)``
 
-    ``values`` are the weights keyed by path, ``weight`` places and weights the loss,
-    ``metric_weight`` places the metrics (None: ``weight`` does), ``traces`` a stream's
-    :class:`~etrace_fit.algorithms.online.TraceState` or None. Steps whose loss weight
-    is zero for every sample skip the online rules' pull-back; an update whose loss or
-    gradient is not finite is not applied (``finite`` says so). ``regularized``: the
-    program's step returns ``(output, spikes)`` and its loss has a regulariser at every
-    step (no step is skipped; metrics read the output)."""
-    program = compiled.program
-    paths = {format_path(s.path): s.path for s in compiled.module.weights}
+    With ``start`` the batch begins new sequences: its hidden states start at their
+    initial values — ``reset`` (the model's ``reset_all_states`` traced at this batch
+    size) computes them inside the step, or ``fresh`` gives them (a reset that draws
+    random numbers, done eagerly) — and its eligibility traces at zero; without it the
+    batch continues the streams of ``state`` (its states and traces; stateful
+    training). ``state.traces`` None: the step keeps no traces across batches.
+
+    ``weight`` places and weights the loss, ``metric_weight`` places the metrics (None:
+    ``weight`` does). Steps whose loss weight is zero for every sample skip the online
+    rules' pull-back; an update whose loss or gradient is not finite is not applied
+    (``finite`` says so). ``regularized``: the program's step returns ``(output,
+    spikes)`` and its loss has a regulariser at every step (no step is skipped; metrics
+    read the output)."""
+    program, module = compiled.program, compiled.module
+    paths = {format_path(s.path): s.path for s in module.weights}
     pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
+    weights_at = list(module.weight_leaf_positions)
+    others_at = [n for n in range(len(module.state_leaves())) if n not in set(weights_at)]
     every = update_every
     # With the loss at every step nothing is skipped: no per-step branch at all.
     skips = loss_on != "all" and compiled.plan is not None and not regularized
@@ -58,8 +80,21 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         outputs = collected.outputs[0] if regularized else collected.outputs
         return losses.sum(), placed_metrics(metric_fns, outputs, ys, metric_weight), norms
 
-    def train_step(values, opt_state, state_leaves, xs_leaves, ys, weight, metric_weight, traces):
+    def initial(state, weights, fresh, start, batch):
+        """The state leaves (module order) and traces the batch starts from."""
+        others = list(state.states)
+        traces = state.traces
+        if start:
+            values = fresh if fresh is not None else reset.values(weights)
+            for position, value in zip(reset.positions, values):
+                others[position] = value
+            traces = None if traces is None else program.init_traces(batch)
+        return _assemble(weights_at, others_at, weights, others), traces
+
+    def train_step(state, xs_leaves, ys, weight, metric_weight, fresh=None, start=True):
+        values = state.weights
         weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
+        state_leaves, traces = initial(state, weights, fresh, start, weight.shape[1])
         options, targets = {}, sequence_targets(ys, weight, regularized)
         if skips:  # "last" is known statically: no per-step branch in the program
             options["active"] = "last" if loss_on == "last" else jnp.any(weight != 0, axis=1)
@@ -69,11 +104,11 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
             read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
             grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
                      for name, value in values.items()}
-            updates, new_opt_state = optimizer.update(grads, opt_state, values)
+            updates, new_opt_state = optimizer.update(grads, state.opt_state, values)
             new_values = optax.apply_updates(values, updates)
         else:  # the optimizer runs inside the scan; its state is over the weight leaves
             weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
-                weights, state_leaves, xs_leaves, targets, optimizer, opt_state, every, collect=True,
+                weights, state_leaves, xs_leaves, targets, optimizer, state.opt_state, every, collect=True,
                 traces=traces, **options)
             new_values = dict(values)
             new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
@@ -85,7 +120,8 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         made_from = jax.tree.leaves(grads if grads is not None else new_values)
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, opt_state)
-        return new_values, new_opt_state, final, grads, loss, logs, norms, finite, (stream or [None])[0]
+        new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)
+        next_state = TrainState(new_values, new_opt_state, [final[n] for n in others_at], (stream or [None])[0])
+        return next_state, StepResult(loss, logs, finite, grads, norms)
 
-    return jax.jit(train_step)
+    return jax.jit(train_step, static_argnames="start")

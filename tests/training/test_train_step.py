@@ -83,9 +83,9 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     def counting_build(compiled):
         step = build(compiled)
 
-        def counted(*args):
+        def counted(*args, **kwargs):
             calls["step"] += 1
-            return step(*args)
+            return step(*args, **kwargs)
 
         return counted
 

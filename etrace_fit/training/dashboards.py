@@ -1,0 +1,179 @@
+"""What the Trainer shows about a run: spike rasters, the compile report and summary,
+gradient fidelity against BPTT, and the warnings when norms explode or a spiking
+readout meets a loss that cannot learn."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..algorithms import gradient_fidelity
+from ..algorithms.learner import compile as compile_learner
+from ..compiler import format_path
+from ..errors import ApproximationWarning, ConfigError, ShapeError
+from .data import Arrays, Batch, batches
+from .logs import model_summary
+from .step import sequence_targets
+
+__all__ = ["Dashboards"]
+
+
+@jax.jit
+def _norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Array]:
+    """The global gradient norm and the largest trace norm, in one call (one sync)."""
+    gradient = optax.tree.norm(gradients) if gradients is not None else jnp.zeros(())
+    traces = [jnp.max(n) for n in jax.tree.leaves(trace_norms)]
+    return gradient, jnp.max(jnp.stack(traces)) if traces else jnp.zeros(())
+
+
+class Dashboards:
+    """The Trainer's views of a run (a part of :class:`~etrace_fit.Trainer`)."""
+
+    #: Gradient (global) and eligibility-trace (per sample) norms above these at an
+    #: epoch's end make ``fit`` warn once: training is about to diverge or overflow.
+    EXPLODING_GRADIENT_NORM = 1e3
+    EXPLODING_TRACE_NORM = 1e8
+
+    def _check_norms(self, epoch: int) -> None:
+        """Warn (once per trainer) when the last batch's gradient or trace norms explode."""
+        if self._norms_warned:
+            return
+        gradient = trace = 0.0
+        if self.last_gradients is not None or self.last_trace_norms:
+            gradient, trace = (float(v) for v in _norms(self.last_gradients, self.last_trace_norms))
+        found = []
+        if not gradient <= self.EXPLODING_GRADIENT_NORM:
+            found.append(f"the gradient norm is {gradient:.3g}")
+        if not trace <= self.EXPLODING_TRACE_NORM:
+            found.append(f"an eligibility-trace norm is {trace:.3g}")
+        if found:
+            self._norms_warned = True
+            warnings.warn(f"epoch {epoch + 1}: {' and '.join(found)}, large enough to derail training or overflow "
+                          f"float32; clip the gradient (Trainer(grad_clip=1.0)), lower the learning rate, or use "
+                          f"trace_dtype float64 (TensorBoard's norms/ scalars follow them)", RuntimeWarning,
+                          stacklevel=4)
+
+    def _warn_spiking_readout(self) -> None:
+        """Spikes of the last step alone carry almost no gradient: say what learns."""
+        from ..layers import LeakySpikeReadout
+
+        last = self._model.layers[-1] if hasattr(self._model, "layers") and len(self._model.layers) else self._model
+        if isinstance(last, LeakySpikeReadout) and self.loss_on == "last":
+            warnings.warn(
+                f"{type(last).__name__} emits spikes, and a loss on the last step's spikes alone barely learns "
+                f"(its loss stays near ln(classes)); use loss_on='all' with loss='spike_rate_cross_entropy' or "
+                f"'spike_rate_mse', or a LeakyRateReadout with loss_on='last' (see etrace_fit.training.spiking)",
+                UserWarning, stacklevel=3)
+
+    def spiking_layers(self) -> dict[str, Any]:
+        """The model's layers with a ``spikes()`` method (LIF, ALIF, spiking readouts), by path."""
+        return {format_path(path): node for path, node in self._model.nodes().items()
+                if callable(getattr(node, "spikes", None))}
+
+    def record_spikes(self, x: Any) -> dict[str, np.ndarray]:
+        """Run one input sequence ``x`` of shape ``(T, features...)`` from reset states
+        and return every spiking layer's spikes, ``{path: (T, *size)}`` of 0 / 1.
+
+        ``ConfigError`` if the model has no spiking layer. The model's hidden states
+        are left at batch size 1; the next ``fit`` / ``evaluate`` batch resets them.
+        """
+        layers = self.spiking_layers()
+        if not layers:
+            raise ConfigError(f"record_spikes: the model ({type(self._model).__name__}) has no spiking layer "
+                              "(a layer with a spikes() method such as LIF or ALIF)")
+        x = jnp.asarray(x)
+        step_rank = self._step_input_rank()
+        if x.ndim < 2 or (step_rank is not None and x.ndim != step_rank + 1):
+            expected = "(time, features...)" if step_rank is None else \
+                "(time, " + ", ".join(["features"] * step_rank) + ")"
+            hint = "; this looks like a batch of sequences: pass one, e.g. x[0]" if step_rank is not None and \
+                x.ndim == step_rank + 2 else ""
+            raise ShapeError(f"record_spikes: x must be one sequence {expected}, got shape {tuple(x.shape)}{hint}")
+        self._ensure_states(1)
+        if self._recorder is None:
+            model = self._model
+
+            @brainstate.transform.jit
+            def record(xs):
+                brainstate.nn.reset_all_states(model, batch_size=1)
+
+                def step(x_t):
+                    model(x_t)
+                    return {name: layer.spikes() for name, layer in layers.items()}
+
+                return brainstate.transform.for_loop(step, xs)
+
+            self._recorder = record
+        spikes = self._recorder(x[:, None])
+        return {name: np.asarray(value[:, 0]) for name, value in spikes.items()}
+
+    def _step_input_rank(self) -> int | None:
+        """How many feature axes one step's input has (from the compiled step, or the
+        first layer's ``in_size``), or None when that is not known."""
+        if self.learner is not None:
+            return len(self.learner.graph.module.input_vars[0].aval.shape) - 1
+        first = self._model.layers[0] if hasattr(self._model, "layers") and len(self._model.layers) else self._model
+        size = getattr(first, "in_size", None)
+        if isinstance(size, int):
+            return 1
+        return len(size) if isinstance(size, tuple) else None
+
+    def gradient_fidelity(self, x: Any, y: Any = None, mask: Any = None) -> dict[str, Any]:
+        """Cosine and norm ratio of this trainer's online gradient against BPTT's on one
+        batch (``x`` laid out as for ``fit``, the loss placed as in training), per
+        weight path: ``{"layers.0.weight": WeightFidelity(cosine, norm_ratio)}``. See
+        :func:`etrace_fit.gradient_fidelity`; for ``algo="bptt"`` every value is 1."""
+        xs, ys, weight = self._time_major(Batch(x, y, mask))
+        self._ensure_states(xs.shape[1])
+        brainstate.nn.reset_all_states(self._model, batch_size=xs.shape[1])
+        targets = sequence_targets(ys, weight, bool(self.regularizers))
+        if self._step_fn is None:
+            return gradient_fidelity(self._model, xs, targets, self._step_loss, algo=self.algo, decay=self.decay,
+                                     memory_budget=self.memory_budget)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ApproximationWarning)  # what is measured here
+            learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
+                                      memory_budget=self.memory_budget, step_fn=self._step_fn)
+        return gradient_fidelity(learner, xs, targets)
+
+    def summary(self, x: Any = None, print_fn: Any = print) -> str:
+        """Keras' ``summary()``: one row per layer — its type, parameter count, hidden
+        states (shape per sample) and, once compiled, the rule per weight and its trace
+        memory per sample — then the totals. The rules are chosen at the first
+        training batch; pass ``x`` (training data, laid out as for :meth:`fit`) to
+        compile on its first samples now. Printed with ``print_fn`` (None: not
+        printed) and returned."""
+        if x is not None and self.learner is None:
+            data = self._as_data(x, "x")
+            if isinstance(data, Arrays):
+                first = next(batches(data.x, data.y, batch_size=32, shuffle=False, mask=data.mask))
+            else:
+                first = next(iter(batches(data, batch_size=32, shuffle=False)))
+            xs, ys, weight = self._time_major(first, False if isinstance(data, Arrays) else None)
+            self._ensure_states(xs.shape[1])
+            brainstate.nn.reset_all_states(self._model, batch_size=xs.shape[1])
+            self._compiled(xs, ys, weight)
+        self._ensure_states(1)  # the hidden states' shapes per sample (fit resets them per batch)
+        text = model_summary(self._model, self.learner, algo=self.algo)
+        if print_fn is not None:
+            print_fn(text)
+        return text
+
+    @property
+    def rules(self) -> dict[str, str]:
+        """The rule per traced weight path (``{"layers.0.weight": "d_rtrl", ...}``) of
+        the plan compiled on the first training batch; empty for BPTT or before ``fit``."""
+        return {} if self.learner is None else self.learner.rules
+
+    def report(self) -> str:
+        """The compile report with the rule chosen per weight, its trace memory and which
+        gradients are approximate (available once ``fit`` has seen a batch)."""
+        if self.learner is None:
+            raise ConfigError("the model is compiled on the first training batch; call fit first")
+        return self.learner.report()

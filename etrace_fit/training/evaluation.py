@@ -1,0 +1,187 @@
+"""Evaluation and prediction for the :class:`~etrace_fit.Trainer`: ``evaluate``,
+``test_on_batch`` and ``predict``, each one jitted call per batch on the model from
+reset states (a stateful trainer's from its streams), and the data adapters they share
+with ``fit``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Sequence
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..callbacks import CallbackList
+from ..errors import ConfigError
+from .data import Arrays, batch_major, batches, check_count, check_finite
+from .logs import check_verbose, keras_result
+
+__all__ = ["Evaluation"]
+
+
+class Evaluation:
+    """The Trainer's evaluation and prediction (a part of :class:`~etrace_fit.Trainer`)."""
+
+    def _outputs(self, xs: jax.Array, carry: bool = False) -> jax.Array:
+        """The model's outputs at every step, ``(T, B, ...)``, from reset states (from
+        the carried ones with ``carry``: a stateful trainer's predict, which moves its
+        streams on)."""
+        self._push()
+        self._ensure_states(xs.shape[1])
+        if carry:
+            carry = self._continue_stream(xs.shape[1])
+            self._model_touched = True  # the streams' states moved on in the model: read them before training
+        if self._forward is None:
+            model = self._model
+
+            @brainstate.transform.jit(static_argnums=1)
+            def forward(xs, carry):
+                if not carry:
+                    brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+                return brainstate.transform.for_loop(model, xs)
+
+            self._forward = forward
+        return self._forward(xs, carry)
+
+    def _build_eval_step(self):
+        model, loss_fn, regularizers = self._model, self.loss_fn, self.regularizers
+        step = model if self._step_fn is None else self._step_fn
+
+        @brainstate.transform.jit(static_argnums=3)
+        def eval_step(xs, ys, weight, carry=False):
+            if not carry:
+                brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
+            outputs = brainstate.transform.for_loop(step, xs)
+            penalty = 0.0
+            if regularizers:  # the same loss as in training: the penalties averaged over steps and samples
+                outputs, spikes = outputs
+                penalty = sum(jnp.mean(jax.vmap(reg)({p: spikes[p] for p in paths})) for reg, paths in regularizers)
+            per_step = jax.vmap(loss_fn)(outputs, ys)
+            return {"loss": jnp.sum(weight * per_step) / weight.shape[1] + penalty,
+                    **self._metrics(outputs, ys, weight)}
+
+        return eval_step
+
+    def _as_data(self, data: Any, name: str = "x", y: Any = None) -> Any:
+        """Array data as batch-major :class:`Arrays` (``(x, y)`` or ``(x, y, mask)``
+        tuples; time-major ones are swapped as views), an iterable of batches as is,
+        ``None`` as ``None``."""
+        if data is None:
+            return None
+        if hasattr(data, "shape"):
+            data = (data, y)
+        if isinstance(data, (tuple, list)) and len(data) in (2, 3) and hasattr(data[0], "shape"):
+            x, y, mask = (*data, None)[:3]
+            if self.time_major:
+                x, y, mask = batch_major(x, y, mask, name=name)
+            return Arrays(x, y, mask)
+        if isinstance(data, (tuple, list)) and data and hasattr(data[0], "shape"):
+            raise ConfigError(f"{name} must be (x, y), (x, y, mask) or an iterable of batches; got a "
+                              f"{type(data).__name__} of {len(data)} arrays")
+        return data
+
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
+        """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
+        from reset states; a stateful trainer's streams are left where they were."""
+        with self._keeping_streams():
+            return self._evaluate_from_reset(data, batch_size, hooks)
+
+    @contextlib.contextmanager
+    def _keeping_streams(self):
+        """A stateful trainer's hidden states as they were after the block (evaluation
+        from reset states must not cut the training streams)."""
+        self._push()
+        if not self.stateful or self._stream is None:
+            yield
+            return
+        saved = {path: state.value for path, state in self._model.states(brainstate.HiddenState).items()}
+        try:
+            yield
+        finally:
+            for path, state in self._model.states(brainstate.HiddenState).items():
+                state.value = saved[path]
+
+    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None
+                             ) -> dict[str, float]:
+        hooks = hooks if hooks is not None else CallbackList()
+        if isinstance(data, Arrays):
+            source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask), False
+        else:
+            source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
+        totals: dict[str, float] = {}
+        count = 0
+        hooks.on_test_begin({})
+        for step, batch in enumerate(source):
+            hooks.on_test_batch_begin(step, {})
+            xs, ys, weight = self._time_major(batch, time_major)
+            self._ensure_states(xs.shape[1])
+            if step == 0 and self._num_classes is None:
+                self._num_classes = int(self._outputs(xs[:1]).shape[-1])
+            if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
+                check_finite(data.x, "x")
+                self._check_targets(data.y, "y")
+            elif not isinstance(data, Arrays):
+                check_finite(np.asarray(xs), f"x of batch {step}")
+                self._check_targets(ys, f"y of batch {step}")
+            if self._eval_step is None:
+                self._eval_step = self._build_eval_step()
+            logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight, False).items()}
+            for key, value in logs.items():
+                totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
+            count += xs.shape[1]
+            hooks.on_test_batch_end(step, logs)
+        result = {key: value / count for key, value in totals.items()}
+        hooks.on_test_end(result)
+        return result
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+        """Loss and metrics of one batch without an update, as Keras'
+        ``test_on_batch``: from reset states, or for a stateful trainer from its
+        streams' current states (which it leaves where they were: the streams' traces
+        only follow training)."""
+        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch")
+        self._ensure_states(xs.shape[1])
+        self._push()
+        carry = self.stateful and self._stream is not None and self._continue_stream(xs.shape[1])
+        if self._eval_step is None:
+            self._eval_step = self._build_eval_step()
+        with self._keeping_streams():
+            logs = self._eval_step(xs, ys, weighted, carry)
+        logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
+        return keras_result(logs, return_dict)
+
+    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
+                 callbacks: Sequence[Any] | None = None) -> dict[str, float]:
+        """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
+        training). ``x`` as in :meth:`fit`: arrays (with ``y``) or an iterable of batches."""
+        check_verbose(verbose)
+        check_count(batch_size, "batch_size")
+        return self._evaluate(self._as_data(x, "x", y), batch_size, CallbackList(callbacks, model=self))
+
+    def predict(self, x: Any, batch_size: int = 32, verbose: int | str = "auto",
+                callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
+        """Outputs for array data: ``(N, ...)`` at the last step, or every step
+        (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is).
+        A stateful trainer predicts from its streams' current states and moves them on
+        (step-by-step prediction: call it with one step at a time); the eligibility
+        traces follow training only, so call :meth:`reset_states` before training on
+        a stream you predicted on."""
+        check_verbose(verbose)
+        check_count(batch_size, "batch_size")
+        if not hasattr(x, "shape"):
+            raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
+        data = self._as_data(x, "x")
+        check_finite(data.x)
+        hooks = CallbackList(callbacks, model=self)
+        hooks.on_predict_begin({})
+        outputs = []
+        for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
+            hooks.on_predict_batch_begin(step, {})
+            xs, _, _ = self._time_major(batch, False)
+            out = self._outputs(xs, carry=self.stateful)
+            outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
+            hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
+        hooks.on_predict_end({})
+        return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)

@@ -1,0 +1,128 @@
+"""Checkpoints and weights of the :class:`~etrace_fit.Trainer`: ``save``, ``restore``,
+``Trainer.load``, ``get_weights`` and ``set_weights`` (the file format and its
+guarantees live in :mod:`etrace_fit.checkpoint`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import checkpoint
+from ..compiler import format_path
+from ..errors import CheckpointError, ConfigError
+from .logs import History
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["Persistence"]
+
+
+class Persistence:
+    """The Trainer's checkpoints and weights (a part of :class:`~etrace_fit.Trainer`)."""
+
+    def _fingerprint(self) -> list:
+        return checkpoint.fingerprint(self._params().to_dict_values())
+
+    def save(self, path: Any) -> None:
+        """Write weights, optimizer state, epoch, history and callback state to ``path``
+        (atomically; see :mod:`etrace_fit.checkpoint`)."""
+        state = {"params": {format_path(p): s.value for p, s in self._params().items()},
+                 "opt_state": self.opt_state if self.opt_state is not None else {}}
+        extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
+                 "callbacks": self._callbacks.state_dict(), "config": self.config,
+                 "has_opt_state": self.opt_state is not None}
+        checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
+
+    def restore(self, path: Any) -> dict:
+        """Load a checkpoint written by :meth:`save` into this trainer and its model;
+        returns the manifest. :class:`CheckpointError` (and nothing changed) if it does
+        not fit the model, the optimizer or ``update_every``, naming what differs."""
+        manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        try:
+            params = {p: jax.tree.unflatten(jax.tree.structure(s.value),
+                                            [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(p)])])
+                      for p, s in self._params().items()}
+            epoch, epochs = int(manifest["epoch"]), [int(e) for e in manifest["history_epochs"]]
+            history = {str(k): [float(x) for x in v] for k, v in dict(manifest["history"]).items()}
+            callbacks = dict(manifest.get("callbacks", {}))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
+                                  ) from error
+        opt_state = self.opt_state
+        if manifest.get("has_opt_state"):
+            opt_state = self._restored_opt_state(path, manifest, state, params)
+        for path_, param in self._params().items():
+            param.value = params[path_]
+        self._model_touched = True
+        self.opt_state = opt_state
+        self.history = History(self.history.params, model=self)
+        self.history.epoch.extend(epochs)
+        self.history.history = {k: list(v) for k, v in history.items()}
+        self.epoch = epoch
+        self._callbacks.load_state_dict(callbacks)
+        return manifest
+
+    def _restored_opt_state(self, path, manifest, state, params):
+        """The saved optimizer state on this trainer's optimizer, or a CheckpointError
+        saying which of optimizer, ``update_every`` and ``grad_clip`` differ."""
+        from flax import serialization
+
+        saved = manifest.get("config") or {}
+        now = self.config
+        differs = [f"{key} {saved.get(key)!r} when saved, {now.get(key)!r} now" for key in
+                   ("optimizer", "update_every", "grad_clip") if key in saved and saved.get(key) != now.get(key)]
+        if self.update_every is None:
+            target = self.optimizer.init({format_path(p): v for p, v in params.items()})
+        else:
+            target = self.optimizer.init([leaf for v in params.values() for leaf in jax.tree.leaves(v)])
+        try:
+            restored = serialization.from_state_dict(target, state["opt_state"])
+            leaves, saved_leaves = jax.tree.leaves(target), jax.tree.leaves(restored)
+            for a, b in zip(leaves, saved_leaves):
+                if np.shape(a) != np.shape(b):
+                    raise ValueError(f"an optimizer state leaf of shape {np.shape(b)} where {np.shape(a)} is expected")
+        except Exception as error:  # flax raises ValueError / KeyError / TypeError for another structure
+            notes = differs + ([] if now.get("optimizer") is not None else [
+                "an optax optimizer is code, not data: pass the same optimizer (and update_every) as when saved"])
+            hint = "; ".join(notes) or "its structure differs"
+            raise CheckpointError(f"{path}: the saved optimizer state does not fit this trainer's optimizer "
+                                  f"({hint}); {error}") from error
+        return jax.tree.map(jnp.asarray, restored)
+
+    @classmethod
+    def load(cls, path: Any, model: Any, optimizer: Any = None, **overrides: Any) -> "Trainer":
+        """A trainer for ``model`` with the configuration, weights, optimizer state and
+        history saved at ``path``. An optimizer given by name is saved by name; an optax
+        optimizer is code, not data: pass the same one (default ``"adam"``). The same
+        for a callable loss and for regularisers: a ``ConfigError`` asks for them
+        (``Trainer.load(path, model, loss=my_loss)``); ``overrides`` replace any saved
+        constructor argument."""
+        manifest, _ = checkpoint.read_checkpoint(path)
+        nullable = ("decay", "update_every", "grad_clip", "memory_budget")
+        config = {k: v for k, v in dict(manifest.get("config") or {}).items() if v is not None or k in nullable}
+        # Code is not data: a callable loss and regularisers must be passed again.
+        for key, what in (("loss_callable", "loss"), ("regularizers", "regularizers")):
+            saved = config.pop(key, None)
+            if saved is not None and what not in overrides:
+                raise ConfigError(f"{path} was saved from a trainer with {what}={saved!r} (code, which a checkpoint "
+                                  f"does not hold); pass it again: Trainer.load(path, model, {what}=...)")
+        config.update(overrides)
+        saved_optimizer = config.pop("optimizer", None)
+        trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)
+        trainer.restore(path)
+        return trainer
+
+    def get_weights(self) -> dict:
+        """A copy of every ParamState's value, keyed by path."""
+        return jax.tree.map(jnp.array, self._params().to_dict_values())
+
+    def set_weights(self, weights: Mapping) -> None:
+        """Put back values from :meth:`get_weights`."""
+        params = self._params()
+        for path, value in weights.items():
+            params[path].value = value
+        self._model_touched = True
