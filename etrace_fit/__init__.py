@@ -11,7 +11,8 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 from . import algorithms, callbacks, compiler, datasets, errors, layers, ops, training
 from .algorithms import Learner, LearnerState, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
-from .errors import ApproximationWarning, CheckpointError, CompilationError, ConfigError, EtraceError, ShapeError
+from .errors import (ApproximationWarning, CheckpointError, CompilationError, ConfigError, DataError, EtraceError,
+                     ShapeError)
 from .layers import Sequential
 from .training import History, Trainer
 
@@ -22,6 +23,7 @@ __all__ = [
     "CheckpointError",
     "CompilationError",
     "ConfigError",
+    "DataError",
     "ETraceGraph",
     "History",
     "Learner",

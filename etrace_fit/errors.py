@@ -6,7 +6,8 @@ op, layer, state or argument involved, what was expected and what came.
 
 from __future__ import annotations
 
-__all__ = ["ApproximationWarning", "CheckpointError", "CompilationError", "ConfigError", "EtraceError", "ShapeError"]
+__all__ = ["ApproximationWarning", "CheckpointError", "CompilationError", "ConfigError", "DataError", "EtraceError",
+           "ShapeError"]
 
 
 class EtraceError(Exception):
@@ -19,6 +20,12 @@ class ShapeError(EtraceError, ValueError):
 
 class ConfigError(EtraceError, ValueError):
     """A constructor argument or environment setting is invalid or missing."""
+
+
+class DataError(EtraceError, ValueError):
+    """A data file or event array is not what its format promises (a truncated file, a
+    missing key, events out of range, a checksum mismatch); the message names the file
+    or argument, what was expected and what came."""
 
 
 class CompilationError(EtraceError):

@@ -1,0 +1,198 @@
+"""DVS128 Gesture (Amir et al. 2017): 11 hand gestures seen by a 128 x 128 event camera.
+
+Read from the original AEDAT 3.1 recordings (``user01_fluorescent.aedat``), each cut
+into gestures by its ``*_labels.csv``; ``trials_to_train.txt`` / ``trials_to_test.txt``
+name the recordings of each split. docs/datasets.md says where to get them.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import struct
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from .events import bin_samples, check_binning, fingerprint, load_binned, with_mask
+
+__all__ = ["load_dvs_gesture", "read_aedat31"]
+
+EVENTS = np.dtype([("x", np.uint16), ("y", np.uint16), ("p", np.uint8), ("t", np.int64)])  # t in µs
+SENSOR = 128
+NUM_CLASSES = 11
+POLARITY_EVENT = 1
+PACKET_HEADER = struct.Struct("<hhiiiiii")  # type, source, size, ts offset, ts overflow, capacity, number, valid
+HEADER_END = b"#!END-HEADER\r\n"
+LABELS_HEADER = "class,startTime_usec,endTime_usec"
+URL = "https://research.ibm.com/interactive/dvsgesture/"
+LAYOUT = ("root/trials_to_train.txt and root/trials_to_test.txt (one .aedat file name per line), and for each "
+          "listed user01_fluorescent.aedat (AEDAT 3.1) its user01_fluorescent_labels.csv")
+
+
+def _body_start(data: bytes, path) -> int:
+    """The offset after the ASCII header (``#`` lines ending with ``#!END-HEADER``)."""
+    first = data[: data.find(b"\n") + 1].strip()
+    if first != b"#!AER-DAT3.1":
+        raise DataError(f"{path}: expected an AEDAT 3.1 file starting with '#!AER-DAT3.1', got "
+                        f"{first[:40].decode('ascii', 'replace')!r}")
+    end = data.find(HEADER_END)
+    if end < 0:
+        raise DataError(f"{path}: the AEDAT 3.1 header has no '#!END-HEADER' line")
+    return end + len(HEADER_END)
+
+
+def read_aedat31(path: str | os.PathLike) -> np.ndarray:
+    """The valid polarity events of an AEDAT 3.1 file: ``(E,)`` structured array with
+    fields ``x``, ``y`` (pixels), ``p`` (polarity 0 / 1) and ``t`` (µs, 64-bit).
+
+    After the ``#`` header, packets follow: a 28-byte little-endian header (int16
+    eventType, int16 eventSource, int32 eventSize, eventTSOffset, eventTSOverflow,
+    eventCapacity, eventNumber, eventValid) and ``eventNumber * eventSize`` bytes of
+    events. Polarity packets (eventType 1, 8-byte events) hold uint32 data (bit 0
+    valid, bit 1 polarity, bits 2-16 y, bits 17-31 x) and a uint32 timestamp whose
+    full value is ``eventTSOverflow << 31 | timestamp``. Other packets are skipped, and
+    events whose valid bit is 0 dropped.
+
+    Raises:
+        DataError: no AEDAT 3.1 header, or a packet cut short (the message names the
+            file and the byte offset).
+    """
+    data = pathlib.Path(path).read_bytes()
+    offset = _body_start(data, path)
+    words, overflows = [], []
+    while offset < len(data):  # one iteration per packet (thousands), the events in bulk
+        if offset + PACKET_HEADER.size > len(data):
+            raise DataError(f"{path}: truncated packet header at byte {offset}: {len(data) - offset} bytes left, "
+                            f"expected {PACKET_HEADER.size}")
+        kind, _, size, _, overflow, _, number, _ = PACKET_HEADER.unpack_from(data, offset)
+        body = offset + PACKET_HEADER.size
+        if size < 0 or number < 0 or body + size * number > len(data):
+            raise DataError(f"{path}: truncated packet at byte {offset}: its header announces {number} events of "
+                            f"{size} bytes, only {len(data) - body} bytes follow")
+        if kind == POLARITY_EVENT:
+            if size != 8:
+                raise DataError(f"{path}: polarity packet at byte {offset} has {size}-byte events, expected 8")
+            words.append(np.frombuffer(data, "<u4", count=2 * number, offset=body).reshape(number, 2))
+            overflows.append(np.full(number, overflow, np.int64))
+        offset = body + size * number
+    packed = np.concatenate(words) if words else np.zeros((0, 2), "<u4")
+    overflow = np.concatenate(overflows) if overflows else np.zeros(0, np.int64)
+    valid = (packed[:, 0] & 1).astype(bool)
+    word, stamp, overflow = packed[valid, 0], packed[valid, 1].astype(np.int64), overflow[valid]
+    events = np.empty(word.size, EVENTS)
+    events["x"], events["y"], events["p"] = word >> 17, (word >> 2) & 0x7FFF, (word >> 1) & 1
+    events["t"] = (overflow << 31) | (stamp & 0x7FFFFFFF)
+    return events
+
+
+def read_labels(path: pathlib.Path) -> np.ndarray:
+    """``(G, 3)`` int64 rows ``class (1..11), start µs, end µs`` of a ``*_labels.csv``."""
+    if not path.exists():
+        raise FileNotFoundError(f"load_dvs_gesture: {path} not found; every recording needs its labels file. "
+                                f"Expected {LAYOUT}; get the files from {URL}")
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not lines or lines[0].replace(" ", "") != LABELS_HEADER:
+        raise DataError(f"{path}: expected the header {LABELS_HEADER!r}, got {lines[0] if lines else ''!r}")
+    try:
+        rows = [[int(v) for v in line.split(",")] for line in lines[1:]]
+    except ValueError as exc:
+        raise DataError(f"{path}: expected rows of three integers (class,startTime_usec,endTime_usec): {exc}") from exc
+    if any(len(row) != 3 for row in rows):
+        row = next(i for i, r in enumerate(rows) if len(r) != 3)
+        raise DataError(f"{path}: row {row + 1} has {len(rows[row])} values, expected 3 "
+                        f"(class,startTime_usec,endTime_usec)")
+    rows = np.array(rows, np.int64).reshape(-1, 3)
+    bad = (rows[:, 0] < 1) | (rows[:, 0] > NUM_CLASSES) | (rows[:, 2] <= rows[:, 1])
+    if bad.any():
+        raise DataError(f"{path}: row {int(np.argmax(bad)) + 1} is {rows[np.argmax(bad)].tolist()}; expected a "
+                        f"class in 1..{NUM_CLASSES} and startTime_usec < endTime_usec")
+    return rows
+
+
+def _trials(root: pathlib.Path, split: str) -> list[pathlib.Path]:
+    if split not in ("train", "test"):
+        raise ConfigError(f"load_dvs_gesture: split must be 'train' or 'test', got {split!r}")
+    listing = root / f"trials_to_{split}.txt"
+    if not listing.exists():
+        raise FileNotFoundError(f"load_dvs_gesture: {listing} not found. Expected {LAYOUT}; get DvsGesture.tar.gz "
+                                f"from {URL} and unpack it into {root}")
+    names = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    paths = [root / name for name in names]
+    for path in paths:
+        if not path.exists():
+            raise FileNotFoundError(f"load_dvs_gesture: {path} (listed in {listing.name}) not found. Expected "
+                                    f"{LAYOUT}; get the files from {URL}")
+    if not paths:
+        raise DataError(f"{listing}: lists no recordings")
+    return paths
+
+
+def _gestures(recordings: list[pathlib.Path], downsample: int, labels: list[int]):
+    """``(times s, units)`` of every gesture, in the order of the recordings and their
+    label rows; appends each gesture's class - 1 to ``labels``."""
+    side = -(-SENSOR // downsample)
+    for recording in recordings:
+        events = read_aedat31(recording)
+        if events.size and (events["x"].max() >= SENSOR or events["y"].max() >= SENSOR):
+            raise DataError(f"{recording}: an event at x={int(events['x'].max())}, y={int(events['y'].max())} is "
+                            f"outside the {SENSOR} x {SENSOR} sensor")
+        units = (events["p"].astype(np.int64) * side + events["y"] // downsample) * side + events["x"] // downsample
+        for label, start, end in read_labels(recording.with_name(recording.stem + "_labels.csv")):
+            inside = (events["t"] >= start) & (events["t"] < end)
+            labels.append(int(label) - 1)
+            yield (events["t"][inside] - start) * 1e-6, units[inside]
+
+
+def load_dvs_gesture(
+    root: str | os.PathLike,
+    split: str = "train",
+    *,
+    dt: float | None = None,
+    num_bins: int | None = None,
+    max_time: float | None = None,
+    downsample: int = 4,
+    flatten: bool = False,
+    variable_length: bool = False,
+    cache: bool | str | os.PathLike = True,
+) -> tuple[np.ndarray, ...]:
+    """DVS128 Gesture: one sample per labelled gesture of the split's recordings.
+
+    A gesture is the events in ``[startTime_usec, endTime_usec)`` of its labels row,
+    timed from its start. Pixels are pooled ``downsample x downsample`` (4: 128 → 32).
+    Binning as in :func:`~etrace_fit.datasets.load_shd`: ``dt`` (seconds) or
+    ``num_bins``, and ``max_time`` (seconds; None: each gesture's own length,
+    zero-padded to the longest with ``dt``).
+
+    Returns:
+        ``x: (N, T, 2, S, S)`` float32 event counts with ``S = ceil(128 / downsample)``,
+        axes (polarity, y, x) — ``(N, T, 2 * S * S)`` with ``flatten=True`` — ``y:
+        (N,)`` int32 classes 0..10 (the CSV's class - 1), and with ``variable_length``
+        a ``mask: (N, T)`` bool.
+
+    Raises:
+        FileNotFoundError: a missing list, recording or labels file (the message
+            names it, the layout and the URL). DataError: a bad header, a truncated
+            packet, a bad labels row.
+    """
+    check_binning(dt, num_bins, max_time, "load_dvs_gesture")
+    if isinstance(downsample, bool) or not isinstance(downsample, int) or downsample < 1:
+        raise ConfigError(f"load_dvs_gesture: downsample must be a positive int (4 pools 128 x 128 to 32 x 32), "
+                          f"got {downsample!r}")
+    root = pathlib.Path(root)
+    recordings = _trials(root, split)
+    side = -(-SENSOR // downsample)
+    sources = [p for r in recordings for p in (r, r.with_name(r.stem + "_labels.csv"))]
+    key = {"dataset": "dvs_gesture", "split": split, "dt": dt, "num_bins": num_bins, "max_time": max_time,
+           "downsample": downsample, "recordings": [r.name for r in recordings],
+           "source": fingerprint(p for p in sources if p.exists())}
+
+    def build() -> dict[str, np.ndarray]:
+        labels: list[int] = []
+        x, lengths = bin_samples(_gestures(recordings, downsample, labels), 2 * side * side, dt=dt,
+                                 num_bins=num_bins, max_time=max_time)
+        return {"x": x, "y": np.asarray(labels, np.int32), "lengths": lengths}
+
+    arrays = load_binned(f"dvs_gesture_{split}", root, cache, key, build)
+    x = arrays["x"] if flatten else arrays["x"].reshape(*arrays["x"].shape[:2], 2, side, side)
+    return with_mask(x, arrays["y"], arrays["lengths"], variable_length)

@@ -1,0 +1,305 @@
+"""Event streams to dense arrays: binning, padding to one length, and an ``.npz`` cache.
+
+The readers of the published neuromorphic datasets (:mod:`.shd`, :mod:`.nmnist`,
+:mod:`.dvs_gesture`) turn their files into ``(times, units)`` per sample and call
+:func:`bin_samples`, which uses :func:`bin_events` and :func:`pad_sequences`; their
+results are kept by :func:`cached`. docs/datasets.md describes them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+import os
+import pathlib
+import tempfile
+import zipfile
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+
+__all__ = ["bin_events", "bin_samples", "cached", "pad_sequences"]
+
+CACHE_FORMAT = 1  # bump when the cached arrays change meaning: older files are then rebuilt
+_EDGE_DECIMALS = 9  # t / width is rounded to this many decimals, so t = k * dt lands in bin k
+
+
+def check_binning(dt: float | None, num_bins: int | None, duration: float | None, caller: str) -> None:
+    if (dt is None) == (num_bins is None):
+        raise ConfigError(f"{caller}: give exactly one of dt (bin width in seconds) or num_bins, "
+                          f"got dt={dt!r}, num_bins={num_bins!r}")
+    if dt is not None and not (isinstance(dt, numbers.Real) and np.isfinite(dt) and dt > 0):
+        raise ConfigError(f"{caller}: dt must be a positive number of seconds, got {dt!r}")
+    if num_bins is not None and (isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer))
+                                 or num_bins < 1):
+        raise ConfigError(f"{caller}: num_bins must be a positive int, got {num_bins!r}")
+    if duration is not None and not (isinstance(duration, numbers.Real) and np.isfinite(duration) and duration > 0):
+        raise ConfigError(f"{caller}: duration / max_time must be a positive number of seconds or None, "
+                          f"got {duration!r}")
+
+
+def _bin_index(times: np.ndarray, width: float) -> np.ndarray:
+    """``floor(t / width)``, with ``t`` within 1e-9 bins of an edge counted as on it."""
+    return np.floor(np.round(times / width, _EDGE_DECIMALS)).astype(np.int64)
+
+
+def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(num_units, bool) or not isinstance(num_units, (int, np.integer)) or num_units < 1:
+        raise ConfigError(f"bin_events: num_units must be a positive int, got {num_units!r}")
+    times, units = np.asarray(times), np.asarray(units)
+    if times.ndim != 1 or units.ndim != 1 or times.shape != units.shape:
+        raise DataError(f"bin_events: times and units must be 1-D arrays of one length (one entry per event), "
+                        f"got times {times.shape} and units {units.shape}")
+    if not (np.issubdtype(times.dtype, np.floating) or np.issubdtype(times.dtype, np.integer)):
+        raise DataError(f"bin_events: times must be numbers (seconds), got dtype {times.dtype}")
+    times = times.astype(np.float64)
+    if not np.isfinite(times).all() or (times < 0).any():
+        bad = int(np.argmax(~np.isfinite(times) | (times < 0)))
+        raise DataError(f"bin_events: times must be finite and >= 0 (seconds from the sample's start), "
+                        f"got times[{bad}] = {float(times[bad])}")
+    if not np.issubdtype(units.dtype, np.integer):
+        raise DataError(f"bin_events: units must be integer unit indices, got dtype {units.dtype}")
+    if units.size and (units.min() < 0 or units.max() >= num_units):
+        bad = int(np.argmax((units < 0) | (units >= num_units)))
+        raise DataError(f"bin_events: units must be in [0, {num_units}) (num_units={num_units}), "
+                        f"got units[{bad}] = {int(units[bad])}")
+    return times, units.astype(np.int64)
+
+
+def bin_events(
+    times: Any,
+    units: Any,
+    num_units: int,
+    *,
+    dt: float | None = None,
+    num_bins: int | None = None,
+    duration: float | None = None,
+    dtype: Any = np.float32,
+) -> np.ndarray:
+    """Count one sample's events per time bin and unit: ``(T, num_units)``.
+
+    Args:
+        times: ``(E,)`` event times in seconds from the sample's start (finite, >= 0).
+        units: ``(E,)`` integer unit indices in ``[0, num_units)``.
+        num_units: the number of input units (700 for SHD).
+        dt: bin width in seconds; ``T = ceil(duration / dt)``.
+        num_bins: the number of bins ``T``; each is ``duration / num_bins`` wide.
+        duration: the window ``[0, duration)`` in seconds. Events at or after it are
+            dropped. By default the window ends just past the last event, so the last
+            event falls in the last bin: with ``dt``, ``T`` is the last event's bin + 1
+            (0 bins without events); with ``num_bins``, the window is
+            ``[0, max(times)]`` (all zeros without events).
+        dtype: the dtype of the counts.
+
+    Event ``t`` goes to bin ``floor(t / width)`` (``width`` = ``dt`` or
+    ``duration / num_bins``); a time within 1e-9 bins of an edge counts as on it, so
+    ``t = k * dt`` lands in bin ``k`` despite float rounding. Counts are exact.
+
+    Raises:
+        ConfigError: not exactly one of ``dt`` / ``num_bins``, or a bad value.
+        DataError: ``times`` and ``units`` of different lengths, a negative or
+            non-finite time, a unit outside ``[0, num_units)``.
+
+    Example::
+
+        bin_events([0.0, 0.0015, 0.0025], [3, 3, 0], 4, dt=0.001)  # (3, 4)
+    """
+    check_binning(dt, num_bins, duration, "bin_events")
+    times, units = _check_events(times, units, num_units)
+    if num_bins is not None:
+        steps, span = int(num_bins), duration if duration is not None else (times.max() if times.size else 0.0)
+        index = _bin_index(times, span / steps) if span > 0 else np.zeros(times.shape, np.int64)
+        if duration is None:  # the window is closed at the last event: it lands in the last bin
+            index = np.minimum(index, steps - 1)
+    else:
+        index = _bin_index(times, dt)
+        if duration is not None:
+            steps = int(np.ceil(np.round(duration / dt, _EDGE_DECIMALS)))
+        else:
+            steps = int(index.max()) + 1 if index.size else 0
+    kept = index < steps
+    flat = index[kept] * num_units + units[kept]
+    counts = np.bincount(flat, minlength=steps * num_units)
+    return counts.reshape(steps, num_units).astype(dtype)
+
+
+def pad_sequences(sequences: Sequence[Any], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length samples as one zero-padded array and a mask of the real steps.
+
+    Args:
+        sequences: ``N`` arrays ``(T_i, ...)`` with one trailing shape.
+        length: pad to this many steps (at least the longest ``T_i``); default the
+            longest.
+
+    Returns:
+        ``x: (N, T, ...)`` (the samples' common dtype, zeros after each sample's end)
+        and ``mask: (N, T)`` bool, True on the ``T_i`` real steps. Train with
+        ``Trainer(loss_on="mask")`` on ``(x, y, mask)`` batches, and pass
+        ``(x, y, mask)`` as ``validation_data``: padded steps then carry no loss and
+        no gradient.
+    """
+    arrays = [np.asarray(a) for a in sequences]
+    if not arrays:
+        raise DataError("pad_sequences: got no sequences; expected a list of (T_i, ...) arrays")
+    for i, a in enumerate(arrays):
+        if a.ndim < 1 or a.shape[1:] != arrays[0].shape[1:]:
+            raise DataError(f"pad_sequences: every sequence must be (T_i, *{arrays[0].shape[1:]}); "
+                            f"sequence {i} has shape {a.shape}")
+    lengths = np.array([len(a) for a in arrays], np.int64)
+    steps = int(lengths.max()) if length is None else int(length)
+    if steps < lengths.max():
+        raise ConfigError(f"pad_sequences: length={length} is shorter than the longest sequence "
+                          f"({lengths.max()} steps)")
+    x = np.zeros((len(arrays), steps, *arrays[0].shape[1:]), np.result_type(*arrays))
+    for i, a in enumerate(arrays):
+        x[i, : len(a)] = a
+    return x, np.arange(steps)[None, :] < lengths[:, None]
+
+
+def bin_samples(
+    samples: Iterable[tuple[np.ndarray, np.ndarray]],
+    num_units: int,
+    *,
+    dt: float | None = None,
+    num_bins: int | None = None,
+    max_time: float | None = None,
+    count: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bin many samples' ``(times, units)`` into one float32 array, with their lengths.
+
+    Each sample is binned by :func:`bin_events` with ``duration=max_time``. With
+    ``num_bins`` or ``max_time`` every sample has the same ``T``; with ``dt`` and no
+    ``max_time`` each has its own and the shorter ones are zero-padded
+    (:func:`pad_sequences`). ``count``, the number of samples when known, lets a fixed
+    ``T`` be filled in place (no second copy of the data).
+
+    Returns:
+        ``x: (N, T, num_units)`` float32 counts and ``lengths: (N,)`` int64: the steps
+        up to and including the bin of a sample's last kept event (at least 1), so
+        ``np.arange(T) < lengths[:, None]`` masks the padding.
+    """
+    check_binning(dt, num_bins, max_time, "bin_samples")
+    fixed = num_bins if num_bins is not None else (
+        int(np.ceil(np.round(max_time / dt, _EDGE_DECIMALS))) if max_time is not None else None)
+    filled = np.zeros((count, fixed, num_units), np.float32) if count is not None and fixed is not None else None
+    counts, lengths = [], []
+    for i, (times, units) in enumerate(samples):
+        sample = bin_events(times, units, num_units, dt=dt, num_bins=num_bins, duration=max_time)
+        active = np.flatnonzero(sample.any(axis=1))
+        lengths.append(max(int(active[-1]) + 1 if active.size else 0, 1))
+        if filled is not None:
+            filled[i] = sample
+        else:
+            counts.append(sample)
+    if not lengths:
+        raise DataError("bin_samples: got no samples; expected an iterable of (times, units) pairs")
+    if filled is not None:
+        if len(lengths) != count:
+            raise DataError(f"bin_samples: count={count} but the samples gave {len(lengths)}")
+        return filled, np.asarray(lengths, np.int64)
+    x, _ = pad_sequences(counts, length=max(max(lengths), max(len(c) for c in counts)))
+    return x, np.asarray(lengths, np.int64)
+
+
+# ------------------------------------------------------------------ cache
+def cache_file(folder: str | os.PathLike, name: str, key: Mapping[str, Any]) -> pathlib.Path:
+    """``folder/<name>_<12 hex digits of the key's hash>.npz``: another binning,
+    another file."""
+    digest = hashlib.sha256(_key_text(key).encode()).hexdigest()[:12]
+    return pathlib.Path(folder) / f"{name}_{digest}.npz"
+
+
+def _key_text(key: Mapping[str, Any] | None) -> str:
+    return json.dumps({"cache_format": CACHE_FORMAT, **dict(key or {})}, sort_keys=True, default=str)
+
+
+def _read(path: pathlib.Path, key_text: str) -> dict[str, np.ndarray] | None:
+    """The arrays of a cache file whose stored key matches, else None (rebuild)."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            if "__key__" not in stored.files or str(stored["__key__"]) != key_text:
+                return None
+            return {name: stored[name] for name in stored.files if name != "__key__"}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):  # missing, truncated or not an npz
+        return None
+
+
+def cached(
+    path: str | os.PathLike,
+    build: Callable[[], Mapping[str, np.ndarray]],
+    *,
+    key: Mapping[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """``build()``'s arrays, kept in the ``.npz`` file ``path`` for the next call.
+
+    The file stores ``key`` (the parameters the arrays depend on, e.g. ``dt`` and
+    ``num_bins``, as JSON) beside the arrays; a file with another key, or one that
+    cannot be read, is rebuilt and replaced. Writing goes to a temporary file in the
+    same folder, then ``os.replace``: a crash never leaves a half-written cache.
+    Arrays are stored with ``np.savez`` and read with ``allow_pickle=False`` (never
+    pickle), so ``build`` must return plain numeric or string arrays.
+    """
+    path = pathlib.Path(path)
+    key_text = _key_text(key)
+    stored = _read(path, key_text)
+    if stored is not None:
+        return stored
+    arrays = {name: np.asarray(value) for name, value in dict(build()).items()}
+    for name, value in arrays.items():
+        if value.dtype == object or name == "__key__":
+            raise DataError(f"cached: build() must return numeric arrays under names other than '__key__'; "
+                            f"{name!r} has dtype {value.dtype}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(stream, __key__=np.array(key_text), **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return arrays
+
+
+def cache_folder(root: pathlib.Path, cache: bool | str | os.PathLike) -> pathlib.Path | None:
+    """The loaders' ``cache`` argument: True → ``root/.etrace_cache``, a path → that
+    folder, False → no cache."""
+    if cache is True:
+        return root / ".etrace_cache"
+    if cache is False or cache is None:
+        return None
+    if isinstance(cache, (str, os.PathLike)):
+        return pathlib.Path(cache)
+    raise ConfigError(f"cache must be True, False or a folder path, got {cache!r}")
+
+
+def fingerprint(paths: Iterable[pathlib.Path]) -> list[int]:
+    """``[count, total bytes, newest mtime_ns]`` of the source files: part of a cache
+    key, so a replaced or re-downloaded file is read again."""
+    stats = [p.stat() for p in paths]
+    return [len(stats), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)]
+
+
+def load_binned(
+    name: str,
+    root: pathlib.Path,
+    cache: bool | str | os.PathLike,
+    key: Mapping[str, Any],
+    build: Callable[[], Mapping[str, np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """``build()`` through the cache the loaders share (or directly with ``cache=False``)."""
+    folder = cache_folder(root, cache)
+    if folder is None:
+        return dict(build())
+    return cached(cache_file(folder, name, key), build, key=key)
+
+
+def with_mask(x: np.ndarray, y: np.ndarray, lengths: np.ndarray, variable_length: bool) -> tuple:
+    """The loaders' result: ``(x, y)``, or ``(x, y, mask (N, T) bool)`` with
+    ``variable_length``."""
+    if not variable_length:
+        return x, y
+    return x, y, np.arange(x.shape[1])[None, :] < lengths[:, None]

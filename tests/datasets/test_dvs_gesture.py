@@ -1,0 +1,169 @@
+"""DVS128 Gesture from AEDAT 3.1 files written here with struct (etrace_fit/datasets/dvs_gesture.py)."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from etrace_fit.datasets import dvs_gesture, load_dvs_gesture, read_aedat31
+from etrace_fit.errors import ConfigError, DataError
+
+HEADER = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#Source 1: DVS128\r\n#Start-Time: 2017-03-01\r\n#!END-HEADER\r\n"
+
+
+def packet(kind, events, overflow=0, size=8):
+    """A 28-byte little-endian packet header, then the events. Polarity events
+    (kind 1) are ``(x, y, p, t, valid)``; other kinds carry ``size`` filler bytes each."""
+    body = b""
+    for x, y, p, t, valid in events:
+        body += struct.pack("<II", valid | p << 1 | y << 2 | x << 17, t) if kind == 1 else b"\xab" * size
+    valid = sum(e[4] for e in events)
+    return struct.pack("<hhiiiiii", kind, 1, size, 4, overflow, len(events), len(events), valid) + body
+
+
+def random_events(n, start, end, seed):
+    rng = np.random.default_rng(seed)
+    return [(int(x), int(y), int(p), int(t), 1) for x, y, p, t in
+            zip(rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n),
+                np.sort(rng.integers(start, end, n)))]
+
+
+def test_polarity_events_read_back_and_other_packets_are_skipped(tmp_path):
+    first = random_events(50, 0, 1_000_000, 0)
+    second = [(127, 0, 1, 5, 1), (3, 127, 0, 6, 0), (64, 65, 0, 7, 1)]  # the middle one is not valid
+    path = tmp_path / "rec.aedat"
+    path.write_bytes(HEADER + packet(1, first) + packet(0, [(0, 0, 0, 0, 1)] * 4)  # special events
+                     + packet(2, [(0, 0, 0, 0, 1)] * 2, size=20) + packet(1, second, overflow=3))
+    events = read_aedat31(path)
+    expected = first + [second[0], second[2]]
+    assert events.dtype.names == ("x", "y", "p", "t") and events.size == 52
+    for name, column in zip("xyp", range(3)):
+        assert events[name].tolist() == [e[column] for e in expected]
+    assert events["t"].tolist() == [e[3] for e in first] + [3 << 31 | 5, 3 << 31 | 7]
+
+
+def test_a_truncated_packet_names_the_file_and_the_byte_offset(tmp_path):
+    whole = HEADER + packet(1, random_events(10, 0, 100, 1)) + packet(1, random_events(10, 0, 100, 2))
+    path = tmp_path / "cut.aedat"
+    path.write_bytes(whole[:-5])
+    second_packet = len(HEADER) + 28 + 10 * 8
+    with pytest.raises(DataError, match=rf"cut\.aedat: truncated packet at byte {second_packet}: .*10 events of 8"):
+        read_aedat31(path)
+    path.write_bytes(whole[: second_packet + 10])
+    with pytest.raises(DataError, match=rf"cut\.aedat: truncated packet header at byte {second_packet}"):
+        read_aedat31(path)
+
+
+def test_a_file_of_another_version_is_refused(tmp_path):
+    path = tmp_path / "old.aedat"
+    path.write_bytes(b"#!AER-DAT2.0\r\n#!END-HEADER\r\n" + b"\0" * 16)
+    with pytest.raises(DataError, match=r"old\.aedat: expected an AEDAT 3.1 file.*'#!AER-DAT2.0'"):
+        read_aedat31(path)
+
+
+GESTURES = {  # recording -> rows (class, start µs, end µs)
+    "user01_fluorescent": [(1, 1_000_000, 1_400_000), (11, 2_000_000, 2_250_000)],
+    "user02_lab": [(5, 500_000, 900_000)],
+}
+
+
+@pytest.fixture
+def gesture_root(tmp_path):
+    """Two recordings with their labels; train lists both, test the second."""
+    recorded = {}
+    for k, (name, rows) in enumerate(GESTURES.items()):
+        events = random_events(3000, 0, 3_000_000, 10 + k)  # some fall between the gestures
+        recorded[name] = events
+        (tmp_path / f"{name}.aedat").write_bytes(HEADER + packet(1, events[:1000]) + packet(1, events[1000:]))
+        lines = ["class,startTime_usec,endTime_usec"] + [f"{c},{s},{e}" for c, s, e in rows]
+        (tmp_path / f"{name}_labels.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "trials_to_train.txt").write_text("user01_fluorescent.aedat\nuser02_lab.aedat\n\n")
+    (tmp_path / "trials_to_test.txt").write_text("user02_lab.aedat\n")
+    return tmp_path, recorded
+
+
+def dense(recorded, names, dt, steps, downsample=4):
+    side = 128 // downsample
+    samples = []
+    for name in names:
+        for _, start, end in GESTURES[name]:
+            out = np.zeros((steps, 2, side, side))
+            for x, y, p, t, _ in recorded[name]:
+                step = (t - start) // int(round(dt * 1e6))
+                if start <= t < end and step < steps:
+                    out[step, p, y // downsample, x // downsample] += 1
+            samples.append(out)
+    return np.stack(samples)
+
+
+def test_each_gesture_becomes_a_sample_with_exact_counts(gesture_root):
+    root, recorded = gesture_root
+    x, y = load_dvs_gesture(root, "train", dt=0.05, max_time=0.5, cache=False)
+    assert x.shape == (3, 10, 2, 32, 32) and x.dtype == np.float32
+    assert y.tolist() == [0, 10, 4] and y.dtype == np.int32
+    np.testing.assert_array_equal(x, dense(recorded, ["user01_fluorescent", "user02_lab"], 0.05, 10))
+    test_x, test_y = load_dvs_gesture(root, "test", dt=0.05, max_time=0.5, downsample=1, flatten=True, cache=False)
+    assert test_x.shape == (1, 10, 2 * 128 * 128) and test_y.tolist() == [4]
+    np.testing.assert_array_equal(test_x, dense(recorded, ["user02_lab"], 0.05, 10, 1).reshape(1, 10, -1))
+
+
+def test_variable_length_masks_each_gestures_own_length(gesture_root):
+    root, recorded = gesture_root
+    x, y, mask = load_dvs_gesture(root, "train", dt=0.01, variable_length=True, cache=False)
+    lengths = []
+    for name in GESTURES:
+        for _, start, end in GESTURES[name]:
+            last = max(t for *_, t, _ in recorded[name] if start <= t < end)
+            lengths.append((last - start) // 10_000 + 1)
+    assert x.shape[:2] == (3, max(lengths))
+    np.testing.assert_array_equal(mask.sum(axis=1), lengths)
+    np.testing.assert_array_equal(x, dense(recorded, list(GESTURES), 0.01, max(lengths)))
+
+
+def test_the_cache_is_read_on_the_second_call_and_rebuilt_for_another_binning(gesture_root, monkeypatch):
+    root, _ = gesture_root
+    first, _ = load_dvs_gesture(root, "test", num_bins=4)
+
+    def no_reading(path):
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(dvs_gesture, "read_aedat31", no_reading)
+    again, y = load_dvs_gesture(root, "test", num_bins=4)
+    np.testing.assert_array_equal(again, first)
+    for changed in (dict(num_bins=5), dict(num_bins=4, downsample=2), dict(dt=0.1)):
+        with pytest.raises(AssertionError, match="was read again"):
+            load_dvs_gesture(root, "test", **changed)
+
+
+def test_missing_files_name_the_layout_and_the_url(gesture_root):
+    root, _ = gesture_root
+    (root / "user02_lab_labels.csv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"user02_lab_labels\.csv not found.*trials_to_train\.txt.*"
+                                                r"https://research\.ibm\.com/interactive/dvsgesture/"):
+        load_dvs_gesture(root, "test", dt=0.1, cache=False)
+    (root / "trials_to_test.txt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"trials_to_test\.txt not found.*AEDAT 3\.1.*DvsGesture\.tar\.gz"):
+        load_dvs_gesture(root, "test", dt=0.1)
+    (root / "user01_fluorescent.aedat").unlink()
+    with pytest.raises(FileNotFoundError, match=r"user01_fluorescent\.aedat \(listed in trials_to_train\.txt\)"):
+        load_dvs_gesture(root, "train", dt=0.1)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("class,start,end\n1,0,10\n", r"expected the header 'class,startTime_usec,endTime_usec'"),
+    ("class,startTime_usec,endTime_usec\n12,0,10\n", r"row 1 is \[12, 0, 10\]; expected a class in 1\.\.11"),
+    ("class,startTime_usec,endTime_usec\n1,0,10\n2,5\n", r"row 2 has 2 values, expected 3"),
+])
+def test_a_bad_labels_file_names_the_file_and_what_was_expected(gesture_root, text, match):
+    root, _ = gesture_root
+    (root / "user02_lab_labels.csv").write_text(text)
+    with pytest.raises(DataError, match=r"user02_lab_labels\.csv: " + match):
+        load_dvs_gesture(root, "test", dt=0.1, cache=False)
+
+
+def test_bad_arguments_are_config_errors(gesture_root):
+    root, _ = gesture_root
+    with pytest.raises(ConfigError, match="downsample must be a positive int"):
+        load_dvs_gesture(root, dt=0.1, downsample=0)
+    with pytest.raises(ConfigError, match="split must be 'train' or 'test'"):
+        load_dvs_gesture(root, "valid", dt=0.1)

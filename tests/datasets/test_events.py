@@ -1,0 +1,153 @@
+"""Binning event streams, padding to one length, and the .npz cache (etrace_fit/datasets/events.py)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from etrace_fit.datasets import bin_events, bin_samples, cached, pad_sequences
+from etrace_fit.datasets.events import cache_file
+from etrace_fit.errors import ConfigError, DataError
+from etrace_fit.training.data import Batch, placement
+
+
+def test_every_event_is_counted_in_its_bin_and_unit():
+    rng = np.random.default_rng(0)
+    bins, units = rng.integers(0, 50, 3000), rng.integers(0, 7, 3000)
+    times = (bins + rng.uniform(0.05, 0.95, bins.size)) * 0.002  # inside bin `bins` of width 2 ms
+    counts = bin_events(times, units, 7, dt=0.002, duration=0.1)
+    expected = np.zeros((50, 7))
+    np.add.at(expected, (bins, units), 1)
+    assert counts.shape == (50, 7) and counts.dtype == np.float32
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_events_on_a_bin_edge_land_in_the_bin_that_starts_there():
+    # 0.3 / 0.1 is 2.9999999999999996 in floats; the event still belongs to bin 3
+    counts = bin_events([0.0, 0.1, 0.3, 0.7], [0, 1, 2, 0], 3, dt=0.1)
+    assert counts.shape == (8, 3)  # the last event's bin + 1
+    assert [tuple(np.argwhere(counts)[i]) for i in range(4)] == [(0, 0), (1, 1), (3, 2), (7, 0)]
+
+
+def test_microsecond_timestamps_bin_exactly():
+    stamps = np.arange(0, 100_000, 1000)  # one event at the start of every 1 ms bin
+    counts = bin_events(stamps * 1e-6, np.zeros(stamps.size, np.int64), 1, dt=0.001)
+    np.testing.assert_array_equal(counts[:, 0], np.ones(100))
+
+
+def test_events_at_or_after_the_duration_are_dropped():
+    counts = bin_events([0.05, 0.29, 0.3, 0.5], [0, 0, 0, 0], 1, dt=0.1, duration=0.3)
+    np.testing.assert_array_equal(counts[:, 0], [1, 0, 1])
+
+
+def test_num_bins_without_a_duration_puts_the_last_event_in_the_last_bin():
+    counts = bin_events([0.0, 0.5, 1.0], [0, 1, 1], 2, num_bins=4)
+    np.testing.assert_array_equal(counts, [[1, 0], [0, 0], [0, 1], [0, 1]])
+    with_window = bin_events([0.0, 0.5, 1.0], [0, 1, 1], 2, num_bins=4, duration=1.0)
+    np.testing.assert_array_equal(with_window, [[1, 0], [0, 0], [0, 1], [0, 0]])  # 1.0 is past the window
+
+
+def test_no_events_give_zero_steps_with_dt_and_zeros_with_num_bins():
+    assert bin_events([], np.array([], np.int64), 3, dt=0.1).shape == (0, 3)
+    np.testing.assert_array_equal(bin_events([], np.array([], np.int64), 3, num_bins=2), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("times, units, match", [
+    ([0.1, 0.2], [0], r"times and units must be 1-D arrays of one length.*\(2,\) and units \(1,\)"),
+    ([0.1, -0.2], [0, 1], r"finite and >= 0.*times\[1\] = -0.2"),
+    ([0.1, np.nan], [0, 1], r"finite and >= 0.*times\[1\] = nan"),
+    ([0.1, 0.2], [0, 4], r"units must be in \[0, 4\).*units\[1\] = 4"),
+    ([0.1, 0.2], [0.0, 1.0], r"units must be integer unit indices, got dtype float64"),
+])
+def test_bad_events_raise_data_error_naming_the_argument(times, units, match):
+    with pytest.raises(DataError, match=match):
+        bin_events(times, units, 4, dt=0.1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(), "exactly one of dt"),
+    (dict(dt=0.1, num_bins=3), "exactly one of dt"),
+    (dict(dt=-1.0), "dt must be a positive number"),
+    (dict(num_bins=0), "num_bins must be a positive int"),
+    (dict(dt=0.1, duration=float("inf")), "duration / max_time must be"),
+])
+def test_bad_binning_raises_config_error(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        bin_events([0.1], [0], 1, **kwargs)
+
+
+def test_pad_sequences_pads_with_zeros_and_masks_the_real_steps():
+    x, mask = pad_sequences([np.ones((2, 3)), 2 * np.ones((4, 3)), np.ones((1, 3))])
+    assert x.shape == (3, 4, 3) and mask.shape == (3, 4) and mask.dtype == bool
+    np.testing.assert_array_equal(mask.sum(1), [2, 4, 1])
+    np.testing.assert_array_equal(x[0, :, 0], [1, 1, 0, 0])
+    np.testing.assert_array_equal(x[1, :, 0], [2, 2, 2, 2])
+    assert pad_sequences([np.ones((2, 3))], length=5)[0].shape == (1, 5, 3)
+    with pytest.raises(DataError, match=r"sequence 1 has shape \(2, 4\)"):
+        pad_sequences([np.ones((2, 3)), np.ones((2, 4))])
+    with pytest.raises(ConfigError, match="shorter than the longest"):
+        pad_sequences([np.ones((3, 1))], length=2)
+
+
+def test_the_mask_gives_padded_steps_no_loss_weight_in_the_trainer():
+    x, mask = pad_sequences([np.ones((2, 5)), np.ones((4, 5))])
+    xs, ys, weight = placement(Batch(x, np.array([0, 1]), mask), "mask", time_major=False)
+    assert xs.shape == (4, 2, 5)
+    np.testing.assert_allclose(weight, [[0.5, 0.25], [0.5, 0.25], [0, 0.25], [0, 0.25]])
+
+
+def test_bin_samples_lengths_end_at_each_samples_last_event():
+    samples = [([0.01, 0.15], [0, 1]), ([0.35], [1]), ([], np.array([], np.int64))]
+    x, lengths = bin_samples(samples, 2, dt=0.1)
+    assert x.shape == (3, 4, 2)  # padded to the longest sample (its last event in bin 3)
+    np.testing.assert_array_equal(lengths, [2, 4, 1])  # an empty sample keeps one step
+    fixed, fixed_lengths = bin_samples(iter(samples), 2, dt=0.1, max_time=1.0, count=3)
+    assert fixed.shape == (3, 10, 2)
+    np.testing.assert_array_equal(fixed[:, :4], x)
+    np.testing.assert_array_equal(fixed_lengths, lengths)
+
+
+def test_cached_builds_once_and_reads_the_file_after(tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"x": np.arange(6.0).reshape(2, 3), "y": np.array([1, 2], np.int32)}
+
+    path = tmp_path / "c" / "data.npz"
+    first = cached(path, build, key={"dt": 0.1})
+    second = cached(path, build, key={"dt": 0.1})
+    assert calls == [1] and path.exists()
+    np.testing.assert_array_equal(second["x"], first["x"])
+    assert second["y"].dtype == np.int32
+    assert [p.name for p in path.parent.iterdir()] == ["data.npz"]  # no temporary file left
+
+
+def test_cached_rebuilds_when_the_key_changes_or_the_file_is_corrupt(tmp_path):
+    path = tmp_path / "data.npz"
+    cached(path, lambda: {"x": np.zeros(2)}, key={"dt": 0.1})
+    assert cached(path, lambda: {"x": np.ones(2)}, key={"dt": 0.2})["x"].tolist() == [1, 1]
+    assert cached(path, lambda: {"x": np.full(2, 5.0)}, key={"dt": 0.2})["x"].tolist() == [1, 1]
+    path.write_bytes(b"not a zip file")
+    assert cached(path, lambda: {"x": np.full(2, 7.0)}, key={"dt": 0.2})["x"].tolist() == [7, 7]
+
+
+def test_cache_file_names_differ_by_binning():
+    assert cache_file("c", "shd_train", {"dt": 0.1}) != cache_file("c", "shd_train", {"dt": 0.2})
+    assert cache_file("c", "shd_train", {"dt": 0.1}) == cache_file("c", "shd_train", {"dt": 0.1})
+
+
+def test_cached_refuses_object_arrays_and_leaves_no_file(tmp_path):
+    with pytest.raises(DataError, match="'x' has dtype object"):
+        cached(tmp_path / "data.npz", lambda: {"x": np.array([np.zeros(1), np.zeros(2)], dtype=object)})
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def broken_savez(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken_savez)
+    with pytest.raises(OSError, match="disk full"):
+        cached(tmp_path / "data.npz", lambda: {"x": np.zeros(2)})
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,125 @@
+"""N-MNIST from .bin files packed here byte by byte (etrace_fit/datasets/nmnist.py)."""
+
+import numpy as np
+import pytest
+
+from etrace_fit.datasets import load_nmnist, nmnist, read_nmnist_events
+from etrace_fit.errors import ConfigError, DataError
+
+
+def pack(x, y, p, stamps):
+    """40-bit events: x, y, then polarity in bit 7 and the 23-bit µs timestamp, big-endian."""
+    stamps = np.asarray(stamps, np.int64)
+    out = np.zeros((len(stamps), 5), np.uint8)
+    out[:, 0], out[:, 1] = x, y
+    out[:, 2] = (np.asarray(p) << 7) | ((stamps >> 16) & 0x7F)
+    out[:, 3], out[:, 4] = (stamps >> 8) & 0xFF, stamps & 0xFF
+    return out.tobytes()
+
+
+def random_events(n, seed, max_us=300_000):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 34, n), rng.integers(0, 34, n), rng.integers(0, 2, n),
+            np.sort(rng.integers(0, max_us, n)))
+
+
+def test_events_read_back_exactly(tmp_path):
+    x, y, p, t = random_events(4000, 0, max_us=2**23)  # every timestamp bit in use
+    path = tmp_path / "00001.bin"
+    path.write_bytes(pack(x, y, p, t))
+    events = read_nmnist_events(path)
+    assert events.shape == (4000,) and events.dtype.names == ("x", "y", "p", "t")
+    for name, expected in zip("xypt", (x, y, p, t)):
+        np.testing.assert_array_equal(events[name], expected)
+
+
+def test_an_overflow_marker_adds_2_to_the_23_to_later_timestamps_and_is_dropped(tmp_path):
+    x, y, p = [1, 0, 2, 0, 3], [5, 240, 6, 240, 7], [1, 0, 0, 1, 1]
+    stamps = [8_000_000, 0, 100, 0, 42]
+    path = tmp_path / "wrap.bin"
+    path.write_bytes(pack(x, y, p, stamps))
+    events = read_nmnist_events(path)
+    assert events["x"].tolist() == [1, 2, 3] and events["y"].tolist() == [5, 6, 7] and events["p"].tolist() == [1, 0, 1]
+    assert events["t"].tolist() == [8_000_000, 2**23 + 100, 2**24 + 42]
+
+
+def test_a_truncated_file_names_the_file_and_its_size(tmp_path):
+    path = tmp_path / "cut.bin"
+    path.write_bytes(pack([1, 2], [1, 2], [0, 1], [5, 6])[:-3])
+    with pytest.raises(DataError, match=r"cut\.bin: 7 bytes is not a multiple of 5"):
+        read_nmnist_events(path)
+
+
+def write_split(root, split="Train", per_digit=2, seed=0):
+    """``root/<split>/<digit>/<id>.bin`` for digits 0, 3, 9; returns each file's events by label."""
+    written = []
+    for digit in (0, 3, 9):
+        for k in range(per_digit):
+            events = random_events(300, seed + 10 * digit + k)
+            folder = root / split / str(digit)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{k:05d}.bin").write_bytes(pack(*events))
+            written.append((digit, events))
+    return written
+
+
+def dense(written, dt, steps):
+    out = np.zeros((len(written), steps, 2, 34, 34))
+    for i, (_, (x, y, p, t)) in enumerate(written):
+        bins = t // int(round(dt * 1e6))
+        kept = bins < steps
+        np.add.at(out[i], (bins[kept], p[kept], y[kept], x[kept]), 1)
+    return out
+
+
+def test_load_nmnist_counts_every_event_at_its_bin_polarity_and_pixel(tmp_path):
+    written = write_split(tmp_path)
+    x, y = load_nmnist(tmp_path, "train", dt=0.01, max_time=0.3, cache=False)
+    assert x.shape == (6, 30, 2, 34, 34) and x.dtype == np.float32
+    assert y.tolist() == [0, 0, 3, 3, 9, 9] and y.dtype == np.int32
+    np.testing.assert_array_equal(x, dense(written, 0.01, 30))
+    flat, _ = load_nmnist(tmp_path, "train", dt=0.01, max_time=0.3, flatten=True, cache=False)
+    assert flat.shape == (6, 30, 2312)
+    np.testing.assert_array_equal(flat, x.reshape(6, 30, 2312))
+
+
+def test_variable_length_pads_to_the_longest_and_masks_the_rest(tmp_path):
+    written = write_split(tmp_path, "Test", per_digit=1)
+    x, y, mask = load_nmnist(tmp_path, "test", dt=0.001, variable_length=True, cache=False)
+    lengths = np.array([events[3].max() // 1000 + 1 for _, events in written])
+    assert x.shape == (3, lengths.max(), 2, 34, 34)
+    np.testing.assert_array_equal(mask, np.arange(lengths.max()) < lengths[:, None])
+    np.testing.assert_array_equal(x, dense(written, 0.001, lengths.max()))
+
+
+def test_the_cache_is_read_on_the_second_call_and_rebuilt_for_another_dt(tmp_path, monkeypatch):
+    written = write_split(tmp_path)
+    first, _ = load_nmnist(tmp_path, dt=0.01, max_time=0.3)
+
+    def no_reading(path):
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(nmnist, "read_nmnist_events", no_reading)
+    again, y = load_nmnist(tmp_path, dt=0.01, max_time=0.3)
+    np.testing.assert_array_equal(again, first)
+    with pytest.raises(AssertionError, match="was read again"):
+        load_nmnist(tmp_path, dt=0.02, max_time=0.3)
+    monkeypatch.undo()
+    coarse, _ = load_nmnist(tmp_path, dt=0.02, max_time=0.3)
+    np.testing.assert_array_equal(coarse, dense(written, 0.02, 15))
+
+
+def test_a_missing_split_names_the_layout_and_where_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no \.bin files in .*Train.*root/Train/<digit>/<id>\.bin.*"
+                                                r"https://www\.garrickorchard\.com/datasets/n-mnist"):
+        load_nmnist(tmp_path, "train", dt=0.01)
+    with pytest.raises(ConfigError, match="split must be one of"):
+        load_nmnist(tmp_path, "valid", dt=0.01)
+
+
+def test_an_event_off_the_sensor_names_the_file(tmp_path):
+    folder = tmp_path / "Train" / "1"
+    folder.mkdir(parents=True)
+    (folder / "bad.bin").write_bytes(pack([34], [0], [0], [10]))
+    with pytest.raises(DataError, match=r"bad\.bin: an event at x=34.*outside the 34 x 34"):
+        load_nmnist(tmp_path, dt=0.01, cache=False)

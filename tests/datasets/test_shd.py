@@ -1,0 +1,186 @@
+"""SHD / SSC from HDF5 files written here in the published layout (etrace_fit/datasets/shd.py)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+
+from etrace_fit.datasets import load_shd, load_ssc  # noqa: E402
+from etrace_fit.datasets import shd  # noqa: E402
+from etrace_fit.errors import ConfigError, DataError  # noqa: E402
+
+DT = 0.01
+
+
+def write_shd(path, times, units, labels, time_dtype=np.float32, label_dtype=np.uint8):
+    """The published layout: spikes/times and spikes/units as variable-length arrays,
+    labels, and the extra/ group (speaker, keys) the real files carry."""
+    with h5py.File(path, "w") as file:
+        t = file.create_dataset("spikes/times", (len(times),), dtype=h5py.vlen_dtype(np.dtype(time_dtype)))
+        u = file.create_dataset("spikes/units", (len(units),), dtype=h5py.vlen_dtype(np.dtype(np.uint16)))
+        for i, (sample_times, sample_units) in enumerate(zip(times, units)):
+            t[i] = np.asarray(sample_times, time_dtype)
+            u[i] = np.asarray(sample_units, np.uint16)
+        file.create_dataset("labels", data=np.asarray(labels, label_dtype))
+        file.create_dataset("extra/speaker", data=np.arange(len(labels), dtype=np.uint8))
+        file.create_dataset("extra/keys", data=np.array([b"null", b"eins"]))
+
+
+def random_samples(n=5, seed=0):
+    """Per sample: the bin and unit of each spike, and its time (inside that bin of width DT)."""
+    rng = np.random.default_rng(seed)
+    bins, units, times = [], [], []
+    for i in range(n):
+        count = rng.integers(5, 40)
+        last_bin = rng.integers(10, 50)  # samples of different lengths
+        b = rng.integers(0, last_bin, count)
+        b[0] = last_bin - 1
+        bins.append(b)
+        units.append(rng.integers(0, 700, count))
+        times.append((b + 0.5) * DT)
+    labels = rng.integers(0, 20, n)
+    return bins, units, times, labels
+
+
+def dense(bins, units, steps):
+    out = np.zeros((len(bins), steps, 700))
+    for i, (b, u) in enumerate(zip(bins, units)):
+        np.add.at(out[i], (b, u), 1)
+    return out
+
+
+@pytest.fixture
+def shd_root(tmp_path):
+    bins, units, times, labels = random_samples()
+    write_shd(tmp_path / "shd_train.h5", times, units, labels)
+    return tmp_path, bins, units, labels
+
+
+def test_spikes_land_in_their_exact_bins_and_units(shd_root):
+    root, bins, units, labels = shd_root
+    x, y = load_shd(root, "train", dt=DT, max_time=0.5, cache=False)
+    assert x.shape == (5, 50, 700) and x.dtype == np.float32
+    np.testing.assert_array_equal(x, dense(bins, units, 50))
+    np.testing.assert_array_equal(y, labels)
+    assert y.dtype == np.int32
+
+
+def test_float16_times_as_published_are_read(tmp_path):
+    write_shd(tmp_path / "shd_test.h5", [[0.125, 0.5]], [[3, 699]], [7], time_dtype=np.float16)
+    x, y = load_shd(tmp_path, "test", dt=0.25, max_time=1.0, cache=False)
+    assert x.shape == (1, 4, 700) and x[0, 0, 3] == 1 and x[0, 2, 699] == 1 and x.sum() == 2 and y.tolist() == [7]
+
+
+def test_max_time_drops_later_spikes_and_num_bins_splits_it(shd_root):
+    root, bins, units, _ = shd_root
+    x, _ = load_shd(root, dt=DT, max_time=0.2, cache=False)
+    kept = [(b[b < 20], u[b < 20]) for b, u in zip(bins, units)]
+    np.testing.assert_array_equal(x, dense([k[0] for k in kept], [k[1] for k in kept], 20))
+    coarse, _ = load_shd(root, num_bins=5, max_time=0.5, cache=False)  # bins of 0.1 s = 10 of DT
+    np.testing.assert_array_equal(coarse, dense([b // 10 for b in bins], units, 5))
+
+
+def test_variable_length_masks_end_at_each_samples_last_spike(shd_root):
+    root, bins, units, labels = shd_root
+    x, y, mask = load_shd(root, dt=DT, max_time=None, variable_length=True, cache=False)
+    lengths = np.array([b.max() + 1 for b in bins])
+    assert x.shape == (5, lengths.max(), 700) and mask.shape == (5, lengths.max()) and mask.dtype == bool
+    np.testing.assert_array_equal(mask.sum(axis=1), lengths)
+    np.testing.assert_array_equal(mask, np.arange(lengths.max()) < lengths[:, None])
+    np.testing.assert_array_equal(x, dense(bins, units, lengths.max()))
+    _, _, fixed_mask = load_shd(root, dt=DT, max_time=0.5, variable_length=True, cache=False)
+    assert fixed_mask.shape == (5, 50)
+    np.testing.assert_array_equal(fixed_mask.sum(axis=1), lengths)  # padding to max_time is masked too
+
+
+def test_the_second_call_reads_the_cache_not_the_file(shd_root, monkeypatch):
+    root = shd_root[0]
+    x, y = load_shd(root, dt=DT, max_time=0.5)
+    assert len(list((root / ".etrace_cache").glob("shd_train_*.npz"))) == 1
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the HDF5 file was read again")
+
+    monkeypatch.setattr(shd, "_read", no_reading)
+    again_x, again_y = load_shd(root, dt=DT, max_time=0.5)
+    np.testing.assert_array_equal(again_x, x)
+    np.testing.assert_array_equal(again_y, y)
+    _, _, mask = load_shd(root, dt=DT, max_time=0.5, variable_length=True)  # the mask comes from the cache too
+    assert mask.shape == (5, 50)
+    with pytest.raises(AssertionError, match="read again"):
+        load_shd(root, dt=2 * DT, max_time=0.5)  # another dt: the stale file is not reused
+
+
+def test_another_dt_builds_another_cache_file(shd_root):
+    root, bins, units, _ = shd_root
+    load_shd(root, dt=DT, max_time=0.5)
+    coarse, _ = load_shd(root, dt=2 * DT, max_time=0.5)
+    assert coarse.shape == (5, 25, 700)
+    np.testing.assert_array_equal(coarse, dense([b // 2 for b in bins], units, 25))
+    assert len(list((root / ".etrace_cache").glob("shd_train_*.npz"))) == 2
+
+
+def test_a_replaced_file_is_read_again(shd_root, tmp_path):
+    root = shd_root[0]
+    first, _ = load_shd(root, dt=DT, max_time=0.5, cache=tmp_path / "elsewhere")
+    write_shd(root / "shd_train.h5", [[0.005]], [[1]], [3])
+    second, y = load_shd(root, dt=DT, max_time=0.5, cache=tmp_path / "elsewhere")
+    assert second.shape == (1, 50, 700) and second[0, 0, 1] == 1 and y.tolist() == [3]
+
+
+def test_ssc_has_a_validation_split(tmp_path):
+    write_shd(tmp_path / "ssc_valid.h5", [[0.0, 0.015]], [[0, 1]], [34])
+    x, y = load_ssc(tmp_path, "valid", dt=DT, max_time=0.1, cache=False)
+    assert x.shape == (1, 10, 700) and x[0, 0, 0] == 1 and x[0, 1, 1] == 1 and y.tolist() == [34]
+    with pytest.raises(ConfigError, match=r"split must be one of \('train', 'test'\), got 'valid'"):
+        load_shd(tmp_path, "valid", dt=DT)
+
+
+def test_a_missing_file_names_the_path_the_layout_and_the_url(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        load_shd(tmp_path, "test", dt=DT)
+    message = str(info.value)
+    assert str(tmp_path / "shd_test.h5") in message and "spikes/times" in message and "spikes/units" in message
+    assert "https://zenkelab.org/datasets/shd_test.h5.gz" in message and "download=True" in message
+
+
+def test_binning_is_checked_before_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="load_shd: give exactly one of dt"):
+        load_shd(tmp_path, dt=DT, num_bins=10)
+
+
+def test_a_file_without_the_layout_names_the_file_and_the_missing_key(tmp_path):
+    path = tmp_path / "shd_train.h5"
+    with h5py.File(path, "w") as file:
+        file.create_dataset("spikes/times", (1,), dtype=h5py.vlen_dtype(np.dtype(np.float32)))
+        file.create_dataset("labels", data=np.zeros(1, np.uint8))
+    with pytest.raises(DataError, match=r"shd_train\.h5: not the SHD/SSC layout, missing dataset 'spikes/units'"):
+        load_shd(tmp_path, dt=DT, cache=False)
+
+
+def test_a_wrong_dtype_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "shd_train.h5"
+    write_shd(path, [[0.1]], [[1]], [0])
+    with h5py.File(path, "a") as file:
+        del file["labels"]
+        file.create_dataset("labels", data=np.zeros(1, np.float32))
+    with pytest.raises(DataError, match=r"shd_train\.h5: dataset 'labels' must hold integers, one entry per "
+                                        r"sample; got dtype float32"):
+        load_shd(tmp_path, dt=DT, cache=False)
+
+
+def test_a_unit_beyond_700_and_a_non_hdf5_file_are_data_errors(tmp_path):
+    write_shd(tmp_path / "shd_train.h5", [[0.1, 0.2]], [[1, 700]], [0])
+    with pytest.raises(DataError, match=r"shd_train\.h5: sample 0 has unit 700; expected < 700"):
+        load_shd(tmp_path, dt=DT, cache=False)
+    (tmp_path / "shd_test.h5").write_bytes(b"plain text")
+    with pytest.raises(DataError, match=r"shd_test\.h5: not a readable HDF5 file"):
+        load_shd(tmp_path, "test", dt=DT, cache=False)
+
+
+def test_without_h5py_the_error_says_how_to_install_it(shd_root, monkeypatch):
+    monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` now raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "etrace-fit\[datasets\]"'):
+        load_shd(shd_root[0], dt=DT, cache=False)
