@@ -31,7 +31,14 @@ def check_membrane_args(layer: str, reset: str, v_threshold: float, v_reset: flo
         raise ConfigError(f"{layer}: v_threshold ({v_threshold}) must exceed v_reset ({v_reset})")
 
 
-def membrane_step(v, x, decay, threshold_prev, threshold, *, v_reset, reset, surrogate, detach_reset):
+def _gated(z: Any, gate: Any) -> Any:
+    """``z · gate``; without a refractory period (``gate`` the number 1) ``z`` itself, so
+    the step's program is unchanged."""
+    return z if isinstance(gate, float) and gate == 1.0 else z * gate
+
+
+def membrane_step(v, x, decay, threshold_prev, threshold, *, v_reset, reset, surrogate, detach_reset,
+                  gate_prev=1.0, gate=1.0):
     """One step of a leaky integrate-and-fire membrane whose state is the potential
     *before* reset, so the step's spike is a function of the state it stores.
 
@@ -43,33 +50,62 @@ def membrane_step(v, x, decay, threshold_prev, threshold, *, v_reset, reset, sur
     The spike sequence equals that of the usual "integrate, fire, reset" ordering;
     only the stored value differs (pre-reset instead of post-reset). Online learning
     needs this: the step's output must depend on the hidden state the step writes.
+    ``gate_prev`` / ``gate`` (1 where the neuron may fire, 0 while refractory) multiply
+    the two spikes and so their surrogate gradients.
     """
-    z_prev = surrogate(v - threshold_prev)
+    z_prev = _gated(surrogate(v - threshold_prev), gate_prev)
     z_reset = jax.lax.stop_gradient(z_prev) if detach_reset else z_prev
     if reset == "soft":
         v_after = v - z_reset * (threshold_prev - v_reset)
     else:
         v_after = v * (1.0 - z_reset) + v_reset * z_reset
     v_new = decay * v_after + x
-    return v_new, surrogate(v_new - threshold), z_prev
+    return v_new, _gated(surrogate(v_new - threshold), gate), z_prev
 
 
 class _SpikingBase(Neuron):
     def __init__(self, size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
-                 detach_reset, learn_tau, state_init, name):
+                 detach_reset, learn_tau, state_init, name, refractory=0):
         super().__init__(size, name=name)
         shape = self.shape
         check_membrane_args(f"{type(self).__name__}({size})", reset, v_threshold, v_reset)
+        if isinstance(refractory, bool) or not isinstance(refractory, int) or refractory < 0:
+            raise ConfigError(f"{type(self).__name__}({size}): refractory must be an int >= 0 (time steps after a "
+                              f"spike during which the neuron cannot fire), got {refractory!r}")
+        self.refractory = refractory
         self.reset, self.v_threshold, self.v_reset = reset, v_threshold, v_reset
         self.detach_reset = detach_reset
         self.surrogate: Surrogate = get_surrogate(surrogate, surrogate_scale)
         self.tau = time_constant(self, tau, shape, learn_tau)
         self.hidden("V", init=brainstate.nn.init.ZeroInit() if state_init is None else state_init)
+        if refractory:
+            # Steps the neuron stays silent, counted for the stored potential's spike:
+            # an integer state, carried without an eligibility trace.
+            self.hidden("refractory_steps", init=0, dtype=jnp.int32)
 
-    def _membrane(self, v, x, decay, threshold_prev, threshold):
+    def _open(self, steps: Any = None) -> Any:
+        """1 where the neuron may fire (not refractory), in V's dtype; 1.0 without a
+        refractory period. ``steps``: a refractory count (default: the stored one)."""
+        if not self.refractory:
+            return 1.0
+        steps = self.refractory_steps.value if steps is None else steps
+        return (steps == 0).astype(self.V.value.dtype)
+
+    def _gates(self, v_minus_threshold_prev: Any) -> tuple[Any, Any]:
+        """``(gate of the stored potential's spike, gate of this step's spike)``, and the
+        refractory count moved on: set to ``refractory`` after a spike, else counted down."""
+        if not self.refractory:
+            return 1.0, 1.0
+        gate_prev = self._open()
+        fired = jax.lax.stop_gradient(self.surrogate(v_minus_threshold_prev)) * gate_prev > 0.5
+        steps = jnp.where(fired, self.refractory, jnp.maximum(self.refractory_steps.value - 1, 0))
+        self.refractory_steps.value = steps.astype(jnp.int32)
+        return gate_prev, self._open(steps)
+
+    def _membrane(self, v, x, decay, threshold_prev, threshold, gates=(1.0, 1.0)):
         return membrane_step(
             v, x, decay, threshold_prev, threshold, v_reset=self.v_reset, reset=self.reset,
-            surrogate=self.surrogate, detach_reset=self.detach_reset,
+            surrogate=self.surrogate, detach_reset=self.detach_reset, gate_prev=gates[0], gate=gates[1],
         )
 
 
@@ -102,6 +138,11 @@ class LIF(_SpikingBase):
         detach_reset: stop the gradient through the reset term.
         learn_tau: learn ``τ`` per neuron (through the elementwise ETP op).
         state_init: initializer of ``V``.
+        refractory: time steps after a spike during which the neuron cannot fire
+            (0: none). ``V`` keeps integrating; the spike and its surrogate gradient are
+            0 while refractory (e-prop's convention); an ``int32`` hidden state
+            ``refractory_steps`` counts down, carried without a trace, so D-RTRL stays
+            exact. A spike at step ``t`` allows the next one at ``t + refractory + 1``.
 
     Example::
 
@@ -113,20 +154,22 @@ class LIF(_SpikingBase):
     def __init__(self, size: int, *, tau: Any = 20.0, v_threshold: float = 1.0, v_reset: float = 0.0,
                  reset: str = "soft", surrogate: str | Surrogate = "triangle", surrogate_scale: float | None = None,
                  detach_reset: bool = False, learn_tau: bool = False, state_init: Any = None,
-                 name: str | None = None):
+                 refractory: int = 0, name: str | None = None):
         super().__init__(size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
-                         detach_reset, learn_tau, state_init, name)
+                         detach_reset, learn_tau, state_init, name, refractory)
 
     def update(self, x: Any) -> jax.Array:
         check_trailing_shape(self, x, self.shape)
-        self.V.value, z, _ = self._membrane(self.V.value, x, decay(self, self.tau), self.v_threshold, self.v_threshold)
+        gates = self._gates(self.V.value - self.v_threshold)
+        self.V.value, z, _ = self._membrane(self.V.value, x, decay(self, self.tau), self.v_threshold,
+                                            self.v_threshold, gates)
         return z
 
     def spikes(self, gradient: bool = False) -> jax.Array:
         """The spikes of the last step, read off the stored (pre-reset) potential:
         ``(B, size)`` of 0 / 1; no gradient (for rasters and spike counts) unless
         ``gradient`` (the surrogate gradient of the step's output, for a loss on them)."""
-        z = self.surrogate(self.V.value - self.v_threshold)
+        z = _gated(self.surrogate(self.V.value - self.v_threshold), self._open())
         return z if gradient else jax.lax.stop_gradient(z)
 
 
@@ -147,10 +190,12 @@ class ALIF(_SpikingBase):
     Shapes: ``x: (B, size)`` → spikes ``(B, size)``; states ``V, a: (B, size)``.
 
     Args:
-        size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale, detach_reset, learn_tau, state_init: as
-            in :class:`LIF`.
+        size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale, detach_reset, learn_tau, state_init,
+            refractory: as in :class:`LIF` (a refractory neuron's suppressed spike does
+            not adapt its threshold either).
         tau_a: adaptation time constant; learn_tau_a: learn it per neuron.
-        beta: adaptation strength ``β``.
+        beta: adaptation strength ``β`` (e-prop's LSNN: ``β = 1.8`` with
+            ``v_threshold = 0.01`` and ``τ_a`` of the task's memory span).
 
     Example::
 
@@ -163,9 +208,9 @@ class ALIF(_SpikingBase):
                  v_threshold: float = 1.0, v_reset: float = 0.0, reset: str = "soft",
                  surrogate: str | Surrogate = "triangle", surrogate_scale: float | None = None,
                  detach_reset: bool = False, learn_tau: bool = False, learn_tau_a: bool = False,
-                 state_init: Any = None, name: str | None = None):
+                 state_init: Any = None, refractory: int = 0, name: str | None = None):
         super().__init__(size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
-                         detach_reset, learn_tau, state_init, name)
+                         detach_reset, learn_tau, state_init, name, refractory)
         self.tau_a = time_constant(self, tau_a, self.shape, learn_tau_a, what="tau_a")
         self.beta = beta
         self.hidden("a", init=0.0)
@@ -174,17 +219,18 @@ class ALIF(_SpikingBase):
         check_trailing_shape(self, x, self.shape)
         a_prev = self.a.value
         threshold_prev = self.v_threshold + self.beta * a_prev
-        z_prev = self.surrogate(self.V.value - threshold_prev)
+        gates = self._gates(self.V.value - threshold_prev)
+        z_prev = _gated(self.surrogate(self.V.value - threshold_prev), gates[0])
         a = decay(self, self.tau_a) * a_prev + z_prev
         self.a.value = a
         self.V.value, z, _ = self._membrane(
-            self.V.value, x, decay(self, self.tau), threshold_prev, self.v_threshold + self.beta * a
+            self.V.value, x, decay(self, self.tau), threshold_prev, self.v_threshold + self.beta * a, gates
         )
         return z
 
     def spikes(self, gradient: bool = False) -> jax.Array:
         """The spikes of the last step (``V > v_threshold + β a``), as in :meth:`LIF.spikes`."""
-        z = self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value))
+        z = _gated(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)), self._open())
         return z if gradient else jax.lax.stop_gradient(z)
 
 
@@ -236,7 +282,7 @@ class RecurrentLIF(_Recurrent, LIF):
         self._make_weights(in_size, w_init, b_init, with_bias)
 
     def _previous_spikes(self) -> jax.Array:
-        return self.surrogate(self.V.value - self.v_threshold)
+        return _gated(self.surrogate(self.V.value - self.v_threshold), self._open())
 
 
 class RecurrentALIF(_Recurrent, ALIF):
@@ -262,4 +308,4 @@ class RecurrentALIF(_Recurrent, ALIF):
         self._make_weights(in_size, w_init, b_init, with_bias)
 
     def _previous_spikes(self) -> jax.Array:
-        return self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value))
+        return _gated(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)), self._open())
