@@ -132,7 +132,9 @@ class Dashboards:
         xs, ys, weight = self._time_major(Batch(x, y, mask))
         self._ensure_states(xs.shape[1])
         brainstate.nn.reset_all_states(self._model, batch_size=xs.shape[1])
-        targets = sequence_targets(ys, weight, bool(self.regularizers))
+        rates = self._state.rates if self._state is not None and self._state.rates is not None else \
+            self._initial_rates()
+        targets = sequence_targets(ys, weight, self.regularizers, rates)
         if self._step_fn is None:
             return gradient_fidelity(self._model, xs, targets, self._step_loss, algo=self.algo, decay=self.decay,
                                      memory_budget=self.memory_budget)

@@ -57,7 +57,7 @@ class Evaluation:
             penalty = 0.0
             if regularizers:  # the same loss as in training: the penalties averaged over steps and samples
                 outputs, spikes = outputs
-                penalty = sum(jnp.mean(jax.vmap(reg)({p: spikes[p] for p in paths})) for reg, paths in regularizers)
+                penalty = sum(reg.sequence_penalty({p: spikes[p] for p in paths}) for reg, paths in regularizers)
             per_step = jax.vmap(loss_fn)(outputs, ys)
             return {"loss": jnp.sum(weight * per_step) / weight.shape[1] + penalty,
                     **self._metrics(outputs, ys, weight)}

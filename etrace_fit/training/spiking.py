@@ -21,9 +21,25 @@ since each step's loss is known at that step:
 scores the step's spikes the same way (argmax of spikes, ties counted as wrong).
 
 A hidden spiking layer that falls silent stops learning (no spikes, no surrogate
-gradient downstream), and one that fires at every step carries no information.
-:class:`FiringRateRegularizer` (``Trainer(..., regularizers=[...])``) keeps each
-hidden spiking layer near a target rate, at every step, whatever ``loss_on`` is.
+gradient downstream), and one that fires at every step carries no information. Three
+regularisers (``Trainer(..., regularizers=[...])``) act on hidden spiking layers at every
+step, whatever ``loss_on`` is:
+
+- :class:`FiringRateRegularizer`: each step's *population* rate near a target (a true
+  per-step loss);
+- :class:`NeuronRateRegularizer`: each neuron's rate near a target (e-prop's
+  firing-rate regularisation);
+- :class:`RateBounds`: each neuron above a lower bound, the population below an upper
+  one (Cramer et al. 2020's SHD regularisers).
+
+A neuron's rate over a sequence is not a sum of per-step losses, so the last two work
+on a *running estimate* ``r̂_j`` of each neuron's rate, as online e-prop does: an
+exponential average, over the batches trained so far, of the neuron's mean spikes per
+step (``memory``: the weight of the past). At every step the loss is
+``P(r̂) + Σ_j ∂P/∂r̂_j · (z_j^t − sg(z_j^t))``: its value is the penalty at the
+estimate, its gradient that of ``P`` of the sequence's rates when ``r̂`` equals them
+(e-prop's learning signal ``∂P/∂r̂_j`` for neuron ``j``). The first batch has no
+estimate and no penalty. ``evaluate`` reports ``P`` of the rates it measures.
 """
 
 from __future__ import annotations
@@ -36,7 +52,8 @@ import optax
 
 from ..errors import ConfigError
 
-__all__ = ["FiringRateRegularizer", "SPIKING_LOSSES", "spike_rate_cross_entropy", "spike_rate_mse"]
+__all__ = ["FiringRateRegularizer", "NeuronRateRegularizer", "RateBounds", "SPIKING_LOSSES",
+           "spike_rate_cross_entropy", "spike_rate_mse"]
 
 
 def spike_rate_cross_entropy(scale: float = 5.0) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -75,7 +92,55 @@ SPIKING_LOSSES = {"spike_rate_cross_entropy": spike_rate_cross_entropy(),
                   "spike_rate_mse": spike_rate_mse()}
 
 
-class FiringRateRegularizer:
+def _number(owner: str, name: str, value: Any, low: float, high: float | None = None, open_low: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (value > low if open_low else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = (f"> {low}" if open_low else f">= {low}") + ("" if high is None else f" and <= {high}")
+        raise ConfigError(f"{owner}: {name} must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+class _LayerRegularizer:
+    """What every regulariser shares: the layers it acts on (``layers=None``: every
+    spiking layer but the readouts) and its per-sequence value for ``evaluate``."""
+
+    #: Whether the trainer keeps a running estimate of each neuron's rate for it.
+    uses_rates = False
+    layers: tuple[str, ...] | None = None
+
+    def _check_layers(self, layers: Any) -> tuple[str, ...] | None:
+        if isinstance(layers, str):
+            raise ConfigError(f"{type(self).__name__}: layers must be a list of layer paths, got the string "
+                              f"{layers!r}; write layers=[{layers!r}]")
+        return None if layers is None else tuple(layers)
+
+    def select(self, spiking: Mapping[str, Any]) -> tuple[str, ...]:
+        """The paths this regulariser acts on among ``spiking`` (``{path: layer}``);
+        ``ConfigError`` naming the spiking layers for an unknown path, or when none is left."""
+        from ..layers import LeakySpikeReadout
+
+        if self.layers is None:
+            chosen = tuple(p for p, layer in spiking.items() if not isinstance(layer, LeakySpikeReadout))
+        else:
+            unknown = [p for p in self.layers if p not in spiking]
+            if unknown:
+                raise ConfigError(f"{self!r}: no spiking layer {', '.join(map(repr, unknown))} in the model; "
+                                  f"its spiking layers: {', '.join(map(repr, spiking)) or 'none'}")
+            chosen = self.layers
+        if not chosen:
+            raise ConfigError(f"{self!r}: the model has no hidden spiking layer to regularise (its spiking "
+                              f"layers: {', '.join(map(repr, spiking)) or 'none'}); name one with layers=[...]")
+        return chosen
+
+
+    def sequence_penalty(self, spikes: Mapping[str, jax.Array]) -> jax.Array:
+        """The penalty of whole sequences, ``{path: (T, B, ...)}`` → ``()``: the
+        per-step penalty averaged over steps and samples (what training adds)."""
+        return jnp.mean(jax.vmap(lambda z: self(z))(spikes))
+
+
+class FiringRateRegularizer(_LayerRegularizer):
     """A penalty keeping spiking layers near a target firing rate (spikes per step).
 
     At every step ``t``, for each chosen layer with spikes ``z^t (B, N)``, the penalty
@@ -108,39 +173,125 @@ class FiringRateRegularizer:
                               f"got {target!r}")
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not strength > 0:
             raise ConfigError(f"FiringRateRegularizer: strength must be a number > 0, got {strength!r}")
-        if isinstance(layers, str):
-            raise ConfigError(f"FiringRateRegularizer: layers must be a list of layer paths, got the string "
-                              f"{layers!r}; write layers=[{layers!r}]")
         self.target, self.strength = float(target), float(strength)
-        self.layers = None if layers is None else tuple(layers)
+        self.layers = self._check_layers(layers)
 
     def __repr__(self) -> str:
         return (f"FiringRateRegularizer(target={self.target}, strength={self.strength}"
                 + ("" if self.layers is None else f", layers={list(self.layers)}") + ")")
 
-    def select(self, spiking: Mapping[str, Any]) -> tuple[str, ...]:
-        """The paths this regulariser acts on among ``spiking`` (``{path: layer}``);
-        ``ConfigError`` naming the spiking layers for an unknown path, or when none is left."""
-        from ..layers import LeakySpikeReadout
-
-        if self.layers is None:
-            chosen = tuple(p for p, layer in spiking.items() if not isinstance(layer, LeakySpikeReadout))
-        else:
-            unknown = [p for p in self.layers if p not in spiking]
-            if unknown:
-                raise ConfigError(f"{self!r}: no spiking layer {', '.join(map(repr, unknown))} in the model; "
-                                  f"its spiking layers: {', '.join(map(repr, spiking)) or 'none'}")
-            chosen = self.layers
-        if not chosen:
-            raise ConfigError(f"{self!r}: the model has no hidden spiking layer to regularise (its spiking "
-                              f"layers: {', '.join(map(repr, spiking)) or 'none'}); name one with layers=[...]")
-        return chosen
-
-    def __call__(self, spikes: Mapping[str, jax.Array]) -> jax.Array:
+    def __call__(self, spikes: Mapping[str, jax.Array], rates: Any = None) -> jax.Array:
         """The penalty per sample ``(B,)`` of one step, summed over ``{path: spikes (B, ...)}``
-        (the trainer passes the layers :meth:`select` chose)."""
+        (the trainer passes the layers :meth:`select` chose; ``rates`` is not used)."""
         total = 0.0
         for z in spikes.values():
             rate = jnp.mean(z.reshape(z.shape[0], -1), axis=1)
             total = total + self.strength * (rate - self.target) ** 2
+        return total
+
+
+class _RatePenalty(_LayerRegularizer):
+    """A penalty ``P`` on each neuron's rate, applied online through a running estimate
+    (see the module docstring); subclasses define :meth:`penalty`."""
+
+    uses_rates = True
+
+    def __init__(self, layers: Sequence[str] | None, memory: float):
+        self.layers = self._check_layers(layers)
+        self.memory = _number(type(self).__name__, "memory", memory, 0.0, 1.0)
+        if self.memory == 1.0:
+            raise ConfigError(f"{type(self).__name__}: memory must be < 1 (the weight of past batches in the "
+                              f"running rate), got 1.0")
+
+    def penalty(self, rates: Mapping[str, jax.Array]) -> jax.Array:
+        """``P`` of per-neuron rates ``{path: (...)}`` (spikes per step) → ``()``."""
+        raise NotImplementedError
+
+    def __call__(self, spikes: Mapping[str, jax.Array], rates: Mapping[str, jax.Array]) -> jax.Array:
+        """One step's loss per sample ``(B,)``: ``P(r̂)`` plus the linear term that gives
+        each spike ``z_j^t`` the gradient ``∂P/∂r̂_j`` (``rates``: the estimate ``r̂``)."""
+        rates = jax.lax.stop_gradient(dict(rates))
+        value, grads = jax.value_and_grad(self.penalty)(rates)
+        batch = next(iter(spikes.values())).shape[0]
+        linear = sum(jnp.sum((grads[p] * (z - jax.lax.stop_gradient(z))).reshape(batch, -1), axis=1)
+                     for p, z in spikes.items())
+        return value + linear
+
+    def sequence_penalty(self, spikes: Mapping[str, jax.Array]) -> jax.Array:
+        """``P`` of the rates measured over whole sequences ``{path: (T, B, ...)}``."""
+        return self.penalty({p: jnp.mean(z, axis=(0, 1)) for p, z in spikes.items()})
+
+
+class NeuronRateRegularizer(_RatePenalty):
+    """e-prop's firing-rate regularisation (Bellec et al. 2020): each neuron's rate near a
+    target, ``P = strength · mean_j (r_j − target)²`` over the chosen layers' neurons,
+    applied online through the running rate estimate (module docstring).
+
+    Args:
+        target: the rate to keep, spikes per step (e-prop: 10 Hz at dt = 1 ms → 0.01).
+        strength: the penalty's weight, ``> 0``.
+        layers: as in :class:`FiringRateRegularizer`.
+        memory: weight of the past batches in the running rate, in ``[0, 1)`` (0: the
+            last batch only).
+
+    Example::
+
+        trainer = ef.Trainer(model, regularizers=[NeuronRateRegularizer(target=0.01, strength=1.0)])
+    """
+
+    def __init__(self, target: float = 0.01, strength: float = 1.0, layers: Sequence[str] | None = None,
+                 memory: float = 0.9):
+        self.target = _number("NeuronRateRegularizer", "target", target, 0.0, 1.0)
+        self.strength = _number("NeuronRateRegularizer", "strength", strength, 0.0, open_low=True)
+        super().__init__(layers, memory)
+
+    def __repr__(self) -> str:
+        return (f"NeuronRateRegularizer(target={self.target}, strength={self.strength}, memory={self.memory}"
+                + ("" if self.layers is None else f", layers={list(self.layers)}") + ")")
+
+    def penalty(self, rates: Mapping[str, jax.Array]) -> jax.Array:
+        every = jnp.concatenate([jnp.ravel(r) for r in rates.values()])
+        return self.strength * jnp.mean((every - self.target) ** 2)
+
+
+class RateBounds(_RatePenalty):
+    """Cramer et al. (2020)'s SHD regularisers on rates: a lower bound per neuron and an
+    upper bound on the population,
+    ``P = lower_strength · mean_j relu(lower − r_j)² + upper_strength · Σ_layers relu(mean_j r_j − upper)²``,
+    applied online through the running rate estimate (module docstring). Cramer et al.
+    bound spike counts per sample; here the bounds are on rates (spikes per step) of the
+    running estimate, so a silent neuron is pushed up and an over-active layer down.
+
+    Args:
+        lower: the rate each neuron should reach (None: no lower bound).
+        upper: the population rate a layer should not exceed (None: no upper bound).
+        lower_strength, upper_strength: the two weights, ``> 0``.
+        layers, memory: as in :class:`NeuronRateRegularizer`.
+    """
+
+    def __init__(self, lower: float | None = 0.001, upper: float | None = 0.1, lower_strength: float = 1.0,
+                 upper_strength: float = 1.0, layers: Sequence[str] | None = None, memory: float = 0.9):
+        if lower is None and upper is None:
+            raise ConfigError("RateBounds: give lower, upper or both (rates in spikes per step)")
+        self.lower = None if lower is None else _number("RateBounds", "lower", lower, 0.0, 1.0)
+        self.upper = None if upper is None else _number("RateBounds", "upper", upper, 0.0, 1.0)
+        if self.lower is not None and self.upper is not None and self.lower > self.upper:
+            raise ConfigError(f"RateBounds: lower ({lower}) must not exceed upper ({upper})")
+        self.lower_strength = _number("RateBounds", "lower_strength", lower_strength, 0.0, open_low=True)
+        self.upper_strength = _number("RateBounds", "upper_strength", upper_strength, 0.0, open_low=True)
+        super().__init__(layers, memory)
+
+    def __repr__(self) -> str:
+        return (f"RateBounds(lower={self.lower}, upper={self.upper}, lower_strength={self.lower_strength}, "
+                f"upper_strength={self.upper_strength}, memory={self.memory}"
+                + ("" if self.layers is None else f", layers={list(self.layers)}") + ")")
+
+    def penalty(self, rates: Mapping[str, jax.Array]) -> jax.Array:
+        total = 0.0
+        if self.lower is not None:
+            every = jnp.concatenate([jnp.ravel(r) for r in rates.values()])
+            total = total + self.lower_strength * jnp.mean(jax.nn.relu(self.lower - every) ** 2)
+        if self.upper is not None:
+            total = total + self.upper_strength * sum(jax.nn.relu(jnp.mean(r) - self.upper) ** 2
+                                                      for r in rates.values())
         return total

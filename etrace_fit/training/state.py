@@ -33,13 +33,17 @@ class TrainState(NamedTuple):
     - ``states``: the model's other state leaves (hidden states) where the last batch
       ended, in the compiled module's order without the weights;
     - ``traces``: a stateful trainer's eligibility traces (a ``TraceState``) carried to
-      the next batch of the same streams; ``None`` when the next batch starts afresh.
+      the next batch of the same streams; ``None`` when the next batch starts afresh;
+    - ``rates``: per regulariser on running rates, ``({path: running sum of the
+      layer's per-neuron rate}, batches seen)``; ``None`` for the others (see
+      :mod:`etrace_fit.training.spiking`).
     """
 
     weights: dict
     opt_state: Any
     states: list | None
     traces: Any
+    rates: Any = None
 
 
 class Reset(NamedTuple):

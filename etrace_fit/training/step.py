@@ -3,7 +3,7 @@ scan over a batch, the loss and metrics on its outputs, and the optax update."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,7 @@ from ..algorithms.online import _assemble
 from ..compiler import format_path
 from .state import Reset, TrainState
 
-__all__ = ["StepResult", "build_train_step", "placed_metrics", "sequence_targets"]
+__all__ = ["StepResult", "build_train_step", "placed_metrics", "sequence_targets", "updated_rates"]
 
 
 def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight: jax.Array) -> dict[str, jax.Array]:
@@ -21,13 +21,44 @@ def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight:
     return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1] for name, fn in metric_fns.items()}
 
 
-def sequence_targets(ys: Any, weight: jax.Array, regularized: bool) -> tuple:
+def sequence_targets(ys: Any, weight: jax.Array, regularizers: Sequence = (), rates: Sequence | None = None
+                     ) -> tuple:
     """The targets the trainer's step loss reads: ``(ys, weight)``, and with regularisers
-    their per-step weight ``1/T`` too (they act at every step, whatever ``loss_on``)."""
-    if not regularized:
+    ``(ys, weight, 1/T per step, per regulariser its rate inputs)`` — they act at every
+    step, whatever ``loss_on``. A regulariser on running rates
+    (``uses_rates``) gets ``{"rates": {path: r̂ (T, ...)}, "known": (T,)}`` from
+    ``rates`` (its entry of :attr:`TrainState.rates`: the running sums and how many
+    batches they hold; ``known`` is 0 before the first batch), others ``None``."""
+    if not regularizers:
         return ys, weight
     length = weight.shape[0]
-    return ys, weight, jnp.full((length,), 1.0 / length, jnp.result_type(weight.dtype, jnp.float32))
+    per_step = jnp.full((length,), 1.0 / length, jnp.result_type(weight.dtype, jnp.float32))
+    inputs = []
+    for (reg, _), held in zip(regularizers, rates if rates is not None else [None] * len(regularizers)):
+        if not reg.uses_rates:
+            inputs.append(None)
+            continue
+        sums, count = held
+        known = (count > 0).astype(per_step.dtype)
+        # The bias-corrected running average (as Adam's moments): after one batch, its rate.
+        correction = jnp.where(count > 0, 1.0 - reg.memory ** count, 1.0)
+        estimate = {p: jnp.broadcast_to(v / correction, (length, *v.shape)) for p, v in sums.items()}
+        inputs.append({"rates": estimate, "known": jnp.broadcast_to(known, (length,))})
+    return ys, weight, per_step, inputs
+
+
+def updated_rates(regularizers: Sequence, rates: Sequence, spikes: Mapping[str, jax.Array]) -> tuple[list, dict]:
+    """The running rate sums after a batch whose spikes were ``{path: (T, B, ...)}``, and
+    each regularised layer's mean rate in it (for the logs, ``rate_<path>``)."""
+    measured = {p: jnp.mean(jax.lax.stop_gradient(z), axis=(0, 1)) for p, z in spikes.items()}
+    new = []
+    for (reg, paths), held in zip(regularizers, rates):
+        if not reg.uses_rates:
+            new.append(None)
+            continue
+        sums, count = held
+        new.append(({p: reg.memory * sums[p] + (1.0 - reg.memory) * measured[p] for p in paths}, count + 1))
+    return new, {f"rate_{p}": jnp.mean(r) for p, r in measured.items()}
 
 
 class StepResult(NamedTuple):
@@ -44,7 +75,7 @@ class StepResult(NamedTuple):
 
 
 def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
-                     update_every: int | None, regularized: bool = False, reset: Reset | None = None):
+                     update_every: int | None, regularizers: Sequence = (), reset: Reset | None = None):
     """The whole training step over one batch as one pure jitted function (built once
     per compiled program, i.e. per input shape):
 
@@ -61,9 +92,11 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     ``weight`` places and weights the loss, ``metric_weight`` places the metrics (None:
     ``weight`` does). Steps whose loss weight is zero for every sample skip the online
     rules' pull-back; an update whose loss or gradient is not finite is not applied
-    (``finite`` says so). ``regularized``: the program's step returns ``(output,
-    spikes)`` and its loss has a regulariser at every step (no step is skipped; metrics
-    read the output)."""
+    (``finite`` says so). ``regularizers`` (``((regulariser, layer paths), ...)``): the
+    program's step returns ``(output, spikes)`` and its loss has a regulariser at every
+    step (no step is skipped; metrics read the output); the running rates in
+    ``state.rates`` move on by the batch's, and the logs hold each layer's rate."""
+    regularized = bool(regularizers)
     program, module = compiled.program, compiled.module
     paths = {format_path(s.path): s.path for s in module.weights}
     pair_names = [format_path(p.relation.weight_path) for p in program.pairs]
@@ -95,7 +128,7 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         values = state.weights
         weights = compiled.weight_leaves({path: values[name] for name, path in paths.items()})
         state_leaves, traces = initial(state, weights, fresh, start, weight.shape[1])
-        options, targets = {}, sequence_targets(ys, weight, regularized)
+        options, targets = {}, sequence_targets(ys, weight, regularizers, state.rates)
         if skips:  # "last" is known statically: no per-step branch in the program
             options["active"] = "last" if loss_on == "last" else jnp.any(weight != 0, axis=1)
         if every is None:
@@ -115,13 +148,18 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
             grads = None
         metric_weight = weight if metric_weight is None else metric_weight
         loss, logs, norms = collected_logs(losses, collected, ys, metric_weight)
+        rates = state.rates
+        if regularized:
+            rates, measured = updated_rates(regularizers, state.rates, collected.outputs[1])
+            logs = {**logs, **measured}
         # An update is applied only when the loss and what it is made from are finite:
         # an overflowing trace gives a NaN gradient under a finite loss.
         made_from = jax.tree.leaves(grads if grads is not None else new_values)
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)
-        next_state = TrainState(new_values, new_opt_state, [final[n] for n in others_at], (stream or [None])[0])
+        next_state = TrainState(new_values, new_opt_state, [final[n] for n in others_at], (stream or [None])[0],
+                                rates)
         return next_state, StepResult(loss, logs, finite, grads, norms)
 
     return jax.jit(train_step, static_argnames="start")

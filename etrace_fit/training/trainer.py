@@ -195,6 +195,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._num_classes: int | None = None  # the model's outputs, known after the first batch
         self._norms_warned = False
         self._recorder = None
+        self._rates_at_start = None  # see _initial_rates
 
     # ------------------------------------------------------- the training state
     @property
@@ -268,12 +269,33 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             if not regularizers:
                 y, weight = target
                 return jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
-            (y, weight, reg_weight), (output, spikes) = target, output
+            (y, weight, reg_weight, rate_inputs), (output, spikes) = target, output
             task = jnp.sum(weight * loss_fn(output, y)) / weight.shape[0]
-            penalty = sum(jnp.mean(reg({p: spikes[p] for p in paths})) for reg, paths in regularizers)
+            penalty = 0.0
+            for (reg, paths), rates in zip(regularizers, rate_inputs):
+                chosen = {p: spikes[p] for p in paths}
+                if rates is None:
+                    penalty = penalty + jnp.mean(reg(chosen))
+                else:  # no estimate before the first batch: no penalty
+                    penalty = penalty + rates["known"] * jnp.mean(reg(chosen, rates["rates"]))
             return task + reg_weight * penalty
 
         return step_loss
+
+    def _initial_rates(self) -> list | None:
+        """:attr:`TrainState.rates` before any batch: zero sums per regulariser on
+        running rates (``None`` for the others), shaped like its layers' spikes."""
+        if not self.regularizers:
+            return None
+        if self._rates_at_start is None:
+            layers = self.spiking_layers()
+            zeros = {}
+            for path in dict.fromkeys(p for _, paths in self.regularizers for p in paths):
+                spikes = layers[path].spikes()
+                zeros[path] = jnp.zeros(jnp.shape(spikes)[1:], jnp.asarray(spikes).dtype)
+            self._rates_at_start = [({p: zeros[p] for p in paths}, jnp.zeros((), jnp.int32)) if reg.uses_rates
+                                    else None for reg, paths in self.regularizers]
+        return self._rates_at_start
 
     def _params(self):
         """The model's ParamStates, up to date (written from the training state first)."""
@@ -520,12 +542,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                                    plan_batch=xs.shape[1], step_fn=self._step_fn)
                 if self.learner.plan is not None:
                     check_trace_memory(self.learner.plan, xs.shape[1])
-            return self.learner.compiled(xs, sequence_targets(ys, weight, bool(self.regularizers)))
+            return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()))
 
     def _build_step(self, compiled):
         """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
         return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every,
-                                regularized=bool(self.regularizers), reset=self._reset_of(compiled))
+                                regularizers=self.regularizers, reset=self._reset_of(compiled))
 
     def _reset_of(self, compiled) -> Reset:
         """The model's reset at the batch size of ``compiled``, traced once per program."""
@@ -579,6 +601,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         state = self._state
         if self._model_touched or state is None or state.states is None:
             state = self._pull(compiled.module)
+        if self.regularizers and state.rates is None:
+            state = self._state = state._replace(rates=self._initial_rates())
         if state.opt_state is None:
             self._init_optimizer(state.weights if self.update_every is None else
                                  compiled.weight_leaves({s.path: state.weights[format_path(s.path)]

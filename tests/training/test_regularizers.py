@@ -15,6 +15,7 @@ import optax
 import pytest
 
 import etrace_fit as ef
+from etrace_fit.training.step import sequence_targets
 from etrace_fit import layers as L
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError
@@ -54,7 +55,7 @@ def test_the_online_gradient_with_a_rate_penalty_equals_bptt_in_float64(loss_on)
         weight = jnp.zeros((T, B)).at[-1].set(1.0) if loss_on == "last" else jnp.full((T, B), 1.0 / T)
         brainstate.nn.init_all_states(model, batch_size=B)
         learner = ef.compile(model, xs[0], trainer._step_loss, algo="d_rtrl", step_fn=trainer._step_fn)
-        online, _ = learner.grad(xs, (ys, weight, jnp.full((T,), 1.0 / T)))
+        online, _ = learner.grad(xs, sequence_targets(ys, weight, trainer.regularizers))
 
         params = model.states(brainstate.ParamState)
         lif = model.layers[1]
