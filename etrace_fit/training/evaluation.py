@@ -153,12 +153,19 @@ class Evaluation:
         return keras_result(logs, return_dict)
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
-                 callbacks: Sequence[Any] | None = None) -> dict[str, float]:
+                 callbacks: Sequence[Any] | None = None, mask: Any = None) -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
-        training). ``x`` as in :meth:`fit`: arrays (with ``y``) or an iterable of batches."""
+        training). ``x`` as in :meth:`fit`: arrays (with ``y``, and ``mask`` with
+        ``loss_on="mask"``) or an iterable of batches."""
         check_verbose(verbose)
         check_count(batch_size, "batch_size")
-        return self._evaluate(self._as_data(x, "x", y), batch_size, CallbackList(callbacks, model=self))
+        if mask is not None:
+            if not hasattr(x, "shape"):
+                raise ConfigError("mask applies to array data (x, y); an iterable gives (x, y, mask) batches")
+            data = self._as_data((x, y, mask), "x")
+        else:
+            data = self._as_data(x, "x", y)
+        return self._evaluate(data, batch_size, CallbackList(callbacks, model=self))
 
     def predict(self, x: Any, batch_size: int = 32, verbose: int | str = "auto",
                 callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:

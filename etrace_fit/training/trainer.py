@@ -375,6 +375,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         steps_per_epoch: int | None = None,
         validation_freq: int | Sequence[int] = 1,
         drop_remainder: bool = False,
+        mask: Any = None,
     ) -> History:
         """Train for ``epochs`` passes over the data; returns a new :class:`History`.
 
@@ -390,6 +391,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         - ``sample_weight``: per sequence ``(N,)`` or per sequence and step ``(N, T)``
           (time-major ``(T, N)`` with ``time_major=True``), scaling the loss; metrics
           are not weighted.
+        - ``mask`` (not in Keras; array data): ``(N, T)`` bool, the steps each sequence
+          really has (``datasets.pad_sequences`` and the readers' ``variable_length``
+          give it) — with ``loss_on="mask"`` the loss is averaged over them and padding
+          gives no gradient.
         - ``initial_epoch``: the epoch to start at (to continue a run);
           ``validation_freq``: validate every ``n`` epochs, or at the listed (1-based)
           epochs.
@@ -413,17 +418,24 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if validation_split and validation_data is not None:
             raise ConfigError("give validation_data or validation_split, not both")
         is_array = hasattr(x, "shape")
-        if (sample_weight is not None or class_weight is not None) and not is_array:
-            raise ConfigError("sample_weight and class_weight apply to array data (x, y)")
+        if (sample_weight is not None or class_weight is not None or mask is not None) and not is_array:
+            raise ConfigError("sample_weight, class_weight and mask apply to array data (x, y); an iterable "
+                              "gives (x, y, mask) batches")
+        if mask is not None and self.loss_on != "mask":
+            raise ConfigError(f"mask was given but loss_on={self.loss_on!r} ignores it; use "
+                              f"Trainer(loss_on='mask') to average the loss over the marked steps")
         if is_array and self.time_major:  # batches are cut along the batch axis: read it batch-major
             x, y, sample_weight = batch_major(x, y, sample_weight)
+            mask = None if mask is None else np.swapaxes(np.asarray(mask), 0, 1)
         if validation_split:
             if not is_array:
                 raise ConfigError("validation_split needs array data; pass validation_data for iterables")
             (x, y), held_out = split_validation(x, y, validation_split)
-            validation = Arrays(*held_out)
+            validation = Arrays(*held_out, None if mask is None else np.asarray(mask)[len(x):])
             if sample_weight is not None:
                 sample_weight = np.asarray(sample_weight)[: len(x)]
+            if mask is not None:
+                mask = np.asarray(mask)[: len(x)]
         else:
             validation = self._as_data(validation_data, "validation_data")
         if is_array:
@@ -467,14 +479,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._warn_spiking_readout()
         try:
             self._fit_epochs(x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
-                             steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array)
+                             steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask)
         finally:
             self._push()  # the model holds every finished batch's update, also after an error
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
 
     def _fit_epochs(self, x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
-                    steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array) -> None:
+                    steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask) -> None:
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
             initial_epoch = max(initial_epoch, self.resume_epoch)
@@ -484,7 +496,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
-                           drop_remainder=drop_remainder, sample_weight=sample_weight)
+                           drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
             for step, batch in enumerate(data):
                 if steps_per_epoch is not None and step >= steps_per_epoch:
                     break

@@ -157,3 +157,29 @@ def test_a_last_smaller_batch_keeps_the_plan_of_the_first():
     assert [r.name for r in alone.plan.rules] == ["esd_rtrl", "d_rtrl"] and alone.plan.batch == 2
     more = ef.algorithms.compile_sequence(model, xs, (ys, weight), trainer._step_loss, memory_budget=budget + 1)
     assert [r.name for r in more.plan.rules] == ["d_rtrl", "d_rtrl"]  # the test can tell the difference
+
+
+def test_a_mask_for_array_data_keeps_padding_out_of_the_gradient():
+    """fit(..., mask=) with loss_on="mask": whatever the padding holds, the weights after
+    training are the same (the loss and so the gradient see the real steps only), and
+    evaluate(..., mask=) agrees; a mask with another placement is refused."""
+    from etrace_fit.datasets import pad_sequences
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.normal(size=(int(rng.integers(5, 12)), 3)).astype(np.float32) for _ in range(16)]
+    x, mask = pad_sequences(seqs)
+    garbage = np.where(mask[..., None], x, rng.normal(0, 50.0, x.shape).astype(np.float32))
+    y = rng.integers(0, 2, (16,))
+    results = []
+    for data in (x, garbage):
+        brainstate.random.seed(0)
+        trainer = ef.Trainer(ef.Sequential(L.GRUCell(3, 8), L.Linear(8, 2)), algo="d_rtrl", loss_on="mask",
+                             optimizer=optax.sgd(0.1))
+        trainer.fit(data, y, batch_size=8, epochs=2, shuffle=False, verbose=0, mask=mask)
+        results.append((trainer.get_weights(), trainer.evaluate(data, y, mask=mask, verbose=0)))
+    (w0, e0), (w1, e1) = results
+    for a, b in zip(jax.tree.leaves(w0), jax.tree.leaves(w1)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(e0["loss"], e1["loss"], rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"mask was given but loss_on='last'"):
+        ef.Trainer(ef.Sequential(L.GRUCell(3, 8), L.Linear(8, 2))).fit(x, y, mask=mask, verbose=0)
