@@ -15,7 +15,7 @@ import numpy as np
 
 from ..callbacks import CallbackList
 from ..errors import ConfigError
-from .data import Arrays, batch_major, batches, check_count, check_finite
+from .data import Arrays, batch_major, batches, check_count, check_finite, placement
 from .logs import check_verbose, keras_result
 
 __all__ = ["Evaluation"]
@@ -186,7 +186,7 @@ class Evaluation:
         outputs = []
         for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
             hooks.on_predict_batch_begin(step, {})
-            xs, _, _ = self._time_major(batch, False)
+            xs, _, _ = placement(batch, "last", False)  # no loss here: any placement reads x alike
             out = self._outputs(xs, carry=self.stateful)
             outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})

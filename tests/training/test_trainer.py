@@ -183,3 +183,12 @@ def test_a_mask_for_array_data_keeps_padding_out_of_the_gradient():
     np.testing.assert_allclose(e0["loss"], e1["loss"], rtol=1e-5)
     with pytest.raises(ConfigError, match=r"mask was given but loss_on='last'"):
         ef.Trainer(ef.Sequential(L.GRUCell(3, 8), L.Linear(8, 2))).fit(x, y, mask=mask, verbose=0)
+
+
+def test_predict_on_a_trainer_with_the_loss_on_a_mask():
+    """predict places no loss: a loss_on='mask' trainer predicts without a mask (this
+    failed in TensorBoard's raster at the first epoch end of a masked spiking task)."""
+    x, y = rate_discrimination(8, seq_len=6, num_channels=4, seed=0)
+    trainer = ef.Trainer(ef.Sequential(L.GRUCell(4, 8), L.Linear(8, 2)), loss_on="mask")
+    assert trainer.predict(x, verbose=0).shape == (8, 2)
+    assert trainer.predict(x, verbose=0, last_only=False).shape == (8, 6, 2)
