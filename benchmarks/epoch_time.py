@@ -2,7 +2,7 @@
 
     python benchmarks/epoch_time.py [--task evidence] [--algos hybrid bptt] [--epochs 3] [--rounds 2]
 
-For each round, every rule trains a fresh model of the task (``etrace_fit.cli.TASKS``)
+For each round, every rule trains a fresh model of the task (``etrace_fit.tasks.TASKS``)
 for ``--epochs`` epochs; the first epoch (which compiles) is reported apart, the later
 ones give the steady per-epoch time. Rounds interleave the rules so a noisy neighbour
 slows them alike; the table reports the median steady epoch and its ratio to the
@@ -41,7 +41,7 @@ def run(task_name: str, algo: str, epochs: int, samples: int | None, seed: int) 
     task = TASKS[task_name]
     brainstate.random.seed(seed)
     samples = samples or task.train_samples
-    x, y = task.make_data(samples, seed)
+    x, y = task.make_data("train", samples, seed, None)[:2]
     steps = epochs * math.ceil(samples / task.batch_size)
     trainer = Trainer(task.make_model(), algo=algo, optimizer=optax.adam(optax.cosine_decay_schedule(
         task.learning_rate, steps)), memory_budget=task.memory_budget if algo == "hybrid" else None)

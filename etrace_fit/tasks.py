@@ -1,0 +1,425 @@
+"""Built-in tasks: data, a model and training defaults, and one runner for all of them.
+
+``etrace-fit train --task NAME`` and the scripts in ``examples/`` run a :class:`Task`
+with :func:`run`: the :class:`~etrace_fit.Trainer` with the task's loss, placement,
+regularisers and a cosine-decayed Adam, each run in its own folder
+``<logdir>/<task>-<algo>-seed<seed>-<time>/`` holding TensorBoard's train / validation
+runs, ``log.csv`` and ``best.ckpt`` (the weights of the best validation accuracy).
+``etrace-fit tasks`` lists them. Tasks read from files (SHD, N-MNIST, DVS Gesture) take
+``--data-dir``; without the files they say where to get them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import brainstate
+import numpy as np
+import optax
+
+from . import layers
+from .algorithms.registry import ALGOS
+from .callbacks import CSVLogger, ModelCheckpoint, TensorBoard
+from .datasets import copy_task, evidence_accumulation, load_mnist1d, rate_discrimination
+from .layers import Sequential
+from .training import NeuronRateRegularizer, Trainer
+
+__all__ = ["TASKS", "Task", "add_arguments", "check_arguments", "describe", "run", "script"]
+
+#: ``make_data(split, num_samples, seed, data_dir) -> (x, y) or (x, y, mask)``.
+DataFn = Callable[[str, int, int, "str | None"], tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A built-in task: how to make its data and model, and how to train it.
+
+    ``make_data(split, num_samples, seed, data_dir)`` gives batch-major ``(x (N, T, ...),
+    y)`` — or ``(x, y, mask)`` for a task whose loss sits on marked steps — for
+    ``split`` ``"train"`` or ``"validation"``; ``make_model()`` a model whose step maps
+    one step's input to logits. ``reference`` is the published number to compare with.
+    """
+
+    name: str
+    description: str
+    make_data: DataFn
+    make_model: Callable[[], Any]
+    train_samples: int
+    val_samples: int
+    epochs: int
+    learning_rate: float
+    batch_size: int = 32
+    loss: str = "cross_entropy"
+    loss_on: str = "last"
+    regularizers: Callable[[], list] | None = None
+    memory_budget: str | None = None  # per sample; None: the hybrid's default
+    needs_files: bool = False
+    reference: str = ""
+
+
+# ---------------------------------------------------------------- the tasks
+def _evidence_model() -> Any:
+    return Sequential(
+        layers.Linear(40, 200, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
+        layers.ALIF(200, tau=20.0, tau_a=200.0, beta=0.5),
+        layers.LeakyRateReadout(200, 2, tau=20.0),
+    )
+
+
+def _rate_model() -> Any:
+    return Sequential(
+        layers.Linear(20, 64, w_init=brainstate.nn.init.KaimingNormal(scale=4.0)),
+        layers.LIF(64, tau=20.0),
+        layers.LeakyRateReadout(64, 2, tau=20.0),
+    )
+
+
+_RATE = dict(seq_len=100, num_channels=20, low_rate=0.1, high_rate=0.13)
+
+#: e-prop's evidence accumulation (Bellec et al. 2020, Fig. 3): 7 cues of 100 ms with
+#: 50 ms pauses, a 1050 ms delay and a 150 ms recall cue (T = 2250 at dt = 1 ms), 40
+#: Hz cues and 10 Hz noise on 4 groups of 10 channels.
+EPROP_EVIDENCE = dict(num_cues=7, channels_per_group=10, cue_steps=100, gap_steps=50, delay_steps=1050,
+                      recall_steps=150, cue_rate=0.04, noise_rate=0.01)
+
+
+def _eprop_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    x, y = evidence_accumulation(n, **EPROP_EVIDENCE, seed=seed)
+    mask = np.zeros(x.shape[:2], bool)
+    mask[:, -EPROP_EVIDENCE["recall_steps"]:] = True  # the loss is read during the recall cue
+    return x, y, mask
+
+
+def _eprop_model() -> Any:
+    """e-prop's LSNN: 100 recurrent neurons, 50 LIF and 50 ALIF (β = 0 makes an ALIF a
+    LIF), τ_m = 20 ms, τ_a = 2000 ms, β = 1.8, threshold 0.6, refractory 5 ms, and
+    e-prop's pseudo-derivative: a triangle of width v_th damped by γ = 0.3 (it keeps the
+    eligibility traces bounded)."""
+    beta = np.concatenate([np.zeros(50), np.full(50, 1.8)]).astype(np.float32)
+    return Sequential(
+        layers.RecurrentALIF(40, 100, tau=20.0, tau_a=2000.0, beta=beta, v_threshold=0.6, refractory=5,
+                             surrogate=layers.Triangle(width=0.6, scale=0.3),
+                             w_init=brainstate.nn.init.KaimingNormal(scale=1.0)),
+        layers.LeakyRateReadout(100, 2, tau=20.0),
+    )
+
+
+_COPY = dict(length=5, delay=20, num_symbols=8)
+
+
+def _copy_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    return copy_task(n, **_COPY, seed=seed)
+
+
+def _copy_model() -> Any:
+    return Sequential(layers.GRUCell(_COPY["num_symbols"] + 2, 64), layers.Linear(64, _COPY["num_symbols"]))
+
+
+def _subset(data: tuple, n: int, seed: int) -> tuple:
+    """The first ``n`` samples of a shuffled copy (all of them for ``n`` 0 or larger)."""
+    if not n or n >= len(data[0]):
+        return data
+    order = np.random.default_rng(seed).permutation(len(data[0]))[:n]
+    return tuple(a[order] for a in data)
+
+
+def _need_dir(data_dir: str | None, task: str) -> str:
+    if data_dir is None:
+        raise FileNotFoundError(f"task {task} reads the dataset's files: pass --data-dir (docs/datasets.md says "
+                                f"where to get them and the layout)")
+    return data_dir
+
+
+def _shd_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    from .datasets import load_shd
+
+    data = load_shd(_need_dir(data_dir, "shd"), "train" if split == "train" else "test", dt=0.01, max_time=1.0)
+    return _subset(data, n, seed)
+
+
+def _shd_model() -> Any:
+    """Recurrent ALIF on 10 ms bins (time constants in bins: τ_m = 20 ms, τ_a = 200 ms)."""
+    return Sequential(layers.RecurrentALIF(700, 128, tau=2.0, tau_a=20.0, beta=0.5,
+                                           w_init=brainstate.nn.init.KaimingNormal(scale=1.0)),
+                      layers.LeakyRateReadout(128, 20, tau=5.0))
+
+
+def _channels_last(data: tuple) -> tuple:
+    """``(N, T, P, H, W)`` event counts → ``(N, T, H, W, P)`` for the convolutions."""
+    return (np.moveaxis(data[0], 2, -1), *data[1:])
+
+
+def _nmnist_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    from .datasets import load_nmnist
+
+    data = load_nmnist(_need_dir(data_dir, "nmnist"), "train" if split == "train" else "test", dt=0.01,
+                       max_time=0.3)
+    return _channels_last(_subset(data, n, seed))
+
+
+def _dvs_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    from .datasets import load_dvs_gesture
+
+    data = load_dvs_gesture(_need_dir(data_dir, "dvs-gesture"), "train" if split == "train" else "test",
+                            dt=0.05, max_time=1.5, downsample=4)
+    return _channels_last(_subset(data, n, seed))
+
+
+def _conv_snn(size: int, classes: int) -> Any:
+    """Two strided convolutions with LIF neurons on their feature maps, then a leaky
+    readout: ``(B, size, size, 2)`` event counts per step → ``(B, classes)``."""
+    first, second = -(-size // 2), -(-size // 4)
+    return Sequential(
+        layers.Conv2d(2, 12, 5, stride=2, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
+        layers.LIF((first, first, 12), tau=5.0),
+        layers.Conv2d(12, 32, 5, stride=2, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
+        layers.LIF((second, second, 32), tau=5.0),
+        layers.Flatten(),
+        layers.LeakyRateReadout(second * second * 32, classes, tau=5.0),
+    )
+
+
+def _mnist1d_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
+    """The original MNIST-1D (4000 train / 1000 test, generated offline; the validation
+    set is the test split), ``(N, 40, 1)``; ``data_dir`` holds the cache."""
+    root = None if data_dir is None else Path(data_dir) / "mnist1d"
+    data = load_mnist1d("train" if split == "train" else "test", root=root)
+    return _subset(data, n, seed)
+
+
+def _mnist1d_gru() -> Any:
+    return Sequential(layers.GRUCell(1, 64), layers.Linear(64, 10))
+
+
+def _mnist1d_snn() -> Any:
+    """A recurrent ALIF network reading the signal as an input current."""
+    return Sequential(
+        layers.Linear(1, 128, w_init=brainstate.nn.init.Normal(scale=2.0), b_init=brainstate.nn.init.Constant(0.5)),
+        layers.RecurrentALIF(128, 128, tau=10.0, tau_a=40.0, beta=0.5, surrogate=layers.Triangle(width=1.0, scale=0.5),
+                             w_init=brainstate.nn.init.KaimingNormal(scale=1.0)),
+        layers.LeakyRateReadout(128, 10, tau=10.0),
+    )
+
+
+TASKS: dict[str, Task] = {
+    "evidence": Task(
+        name="evidence",
+        description="e-prop evidence accumulation, shortened (5 cues, T=230): which side had more cues? "
+                    "Linear(40, 200) -> ALIF(200) -> LeakyRateReadout(2)",
+        make_data=lambda split, n, seed, data_dir: evidence_accumulation(n, num_cues=5, seed=seed),
+        make_model=_evidence_model,
+        train_samples=1024, val_samples=512, epochs=15, learning_rate=5e-3,
+    ),
+    "rate": Task(
+        name="rate",
+        description="rate discrimination: which half of 20 Poisson channels fires faster over 100 steps? "
+                    "Linear(20, 64) -> LIF(64) -> LeakyRateReadout(2)",
+        make_data=lambda split, n, seed, data_dir: rate_discrimination(n, **_RATE, seed=seed),
+        make_model=_rate_model,
+        train_samples=1024, val_samples=512, epochs=8, learning_rate=3e-3,
+    ),
+    "eprop-evidence": Task(
+        name="eprop-evidence",
+        description="e-prop's evidence accumulation preset (7 cues, T=2250 at dt=1 ms): RecurrentALIF(40, 100: "
+                    "50 LIF + 50 ALIF, tau_a=2000, refractory 5) -> LeakyRateReadout(2), loss during the recall "
+                    "cue, rate regularised to 10 Hz, batch 64, Adam 5e-3",
+        make_data=_eprop_data,
+        make_model=_eprop_model,
+        train_samples=64 * 50, val_samples=512, epochs=10, learning_rate=5e-3, batch_size=64, loss_on="mask",
+        regularizers=lambda: [NeuronRateRegularizer(target=0.01, strength=1.0)],
+        reference="e-prop (Bellec et al. 2020): < 7 % error after about 200-500 iterations of batch 64",
+    ),
+    "copy": Task(
+        name="copy",
+        description="copy task: 5 symbols of 8, a 20-step delay, then recall them in order "
+                    "(T=31, loss on the recall steps): GRUCell(10, 64) -> Linear(8)",
+        make_data=_copy_data,
+        make_model=_copy_model,
+        train_samples=2048, val_samples=512, epochs=30, learning_rate=3e-3, loss_on="mask",
+        reference="chance 1/8 = 0.125 per symbol; BPTT solves it",
+    ),
+    "mnist1d-gru": Task(
+        name="mnist1d-gru",
+        description="MNIST-1D (10 classes, 40 steps of one channel; generated offline as the original): "
+                    "GRUCell(1, 64) -> Linear(10), loss at the last step; validation on the test split",
+        make_data=_mnist1d_data, make_model=_mnist1d_gru, train_samples=4000, val_samples=1000, epochs=40,
+        learning_rate=1e-2, batch_size=64,
+        reference="measured in issue 14 on a causal GRU-64: BPTT 0.974; the reference eligibility-trace "
+                  "library: D-RTRL 0.80-0.85, ES-D-RTRL 0.45, BPTT 0.983",
+    ),
+    "mnist1d-snn": Task(
+        name="mnist1d-snn",
+        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentALIF(128, 128) -> "
+                    "LeakyRateReadout(10), loss at the last step",
+        make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=40,
+        learning_rate=5e-3, batch_size=64,
+        reference="issue target: >= 0.75 with BPTT",
+    ),
+    "shd": Task(
+        name="shd",
+        description="Spiking Heidelberg Digits (20 classes, 700 channels, 10 ms bins over 1 s): "
+                    "RecurrentALIF(700, 128) -> LeakyRateReadout(20); validation on the test split",
+        make_data=_shd_data, make_model=_shd_model, train_samples=0, val_samples=0, epochs=30,
+        learning_rate=2e-3, batch_size=64, needs_files=True,
+        reference="Cramer et al. 2020, recurrent LIF trained with BPTT: 71.4 +- 1.9 % test accuracy",
+    ),
+    "nmnist": Task(
+        name="nmnist",
+        description="N-MNIST (10 digits, 2 x 34 x 34 events, 10 ms bins over 300 ms): Conv2d -> LIF -> Conv2d -> "
+                    "LIF -> LeakyRateReadout(10); validation on the test split",
+        make_data=_nmnist_data, make_model=lambda: _conv_snn(34, 10), train_samples=0, val_samples=0,
+        epochs=10, learning_rate=2e-3, batch_size=32, needs_files=True,
+        reference="convolutional SNNs with BPTT reach 98-99 % test accuracy",
+    ),
+    "dvs-gesture": Task(
+        name="dvs-gesture",
+        description="DVS128 Gesture (11 gestures, 2 x 32 x 32 after 4x downsampling, 50 ms bins over 1.5 s): "
+                    "Conv2d -> LIF -> Conv2d -> LIF -> LeakyRateReadout(11); validation on the test trials",
+        make_data=_dvs_data, make_model=lambda: _conv_snn(32, 11), train_samples=0, val_samples=0,
+        epochs=30, learning_rate=2e-3, batch_size=16, needs_files=True,
+        reference="convolutional SNNs with BPTT reach about 93-97 % test accuracy",
+    ),
+}
+
+
+# ---------------------------------------------------------------- running
+def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> argparse.ArgumentParser:
+    """The options every task takes (``--task`` only when ``task`` is None)."""
+    if task is None:
+        parser.add_argument("--task", default="evidence", choices=sorted(TASKS), help="the task (default: evidence)")
+    parser.add_argument("--algo", default="hybrid", choices=ALGOS, help="learning rule (default: hybrid)")
+    parser.add_argument("--epochs", type=int, help="passes over the training set (default: the task's)")
+    parser.add_argument("--batch-size", type=int, help="sequences per batch (default: the task's)")
+    parser.add_argument("--logdir", default="runs", help="each run gets a new folder in here with TensorBoard "
+                        "logs, log.csv and best.ckpt (default: runs; 'none' for none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for data, weights and shuffling (default: 0)")
+    parser.add_argument("--samples", type=int, help="training sequences (default: the task's)")
+    parser.add_argument("--val-samples", type=int, help="validation sequences (default: the task's)")
+    parser.add_argument("--lr", type=float, help="peak learning rate of the cosine schedule (default: the task's)")
+    parser.add_argument("--memory-budget", help="trace memory per sample hybrid may spend on D-RTRL (default: 4MiB)")
+    parser.add_argument("--data-dir", help="where the dataset's files are (tasks read from files)")
+    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                        help="0 quiet, 1 a progress bar per epoch (default), 2 one line per epoch")
+    return parser
+
+
+def _positive(parser: argparse.ArgumentParser, name: str, value: int | float | None) -> None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        parser.error(f"--{name} must be positive and finite, got {value}")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) for numbers a task cannot use."""
+    for name in ("epochs", "batch_size", "samples", "val_samples", "lr"):
+        _positive(parser, name.replace("_", "-"), getattr(args, name, None))
+    if not 0 <= args.seed < 2 ** 32:  # numpy's seeds
+        parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+
+
+def script(name: str, description: str, argv: list[str] | None = None,
+           variants: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ``main`` of an example script: parse ``argv`` with the tasks' options, run
+    task ``name`` (or, with ``variants`` ``{--model value: task}``, the chosen one), and
+    exit with status 2 and the message on an error of the settings or missing files."""
+    import sys
+
+    from .errors import EtraceError
+
+    parser = argparse.ArgumentParser(description=description)
+    if variants:
+        parser.add_argument("--model", default=next(iter(variants)), choices=list(variants),
+                            help=f"the model (default: {next(iter(variants))})")
+    args = add_arguments(parser, task=name).parse_args(argv)
+    check_arguments(parser, args)
+    try:
+        return run(variants[args.model] if variants else name, args)
+    except (EtraceError, FileNotFoundError, ImportError) as error:
+        print(f"{parser.prog}: {type(error).__name__}: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+
+
+def _run_folder(logdir: str, name: str) -> Path:
+    run = Path(logdir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    suffix = 1
+    while run.exists():  # two runs in the same second
+        suffix += 1
+        run = run.with_name(f"{run.name.rsplit('~', 1)[0]}~{suffix}")
+    return run
+
+
+def _fit_arguments(data: tuple) -> tuple[Any, Any, Any]:
+    return (data[0], data[1], data[2] if len(data) > 2 else None)
+
+
+def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``task`` as ``args`` say (:func:`add_arguments`); returns a summary:
+    ``accuracy`` (final validation), ``best_accuracy``, ``seconds``, ``run`` (the run
+    folder or None), ``history`` and the ``trainer``."""
+    task = TASKS[task] if isinstance(task, str) else task
+    epochs = task.epochs if args.epochs is None else args.epochs
+    batch_size = task.batch_size if args.batch_size is None else args.batch_size
+    samples = task.train_samples if args.samples is None else args.samples
+    val_samples = task.val_samples if getattr(args, "val_samples", None) is None else args.val_samples
+    rate = task.learning_rate if args.lr is None else args.lr
+    budget = task.memory_budget if args.memory_budget is None else args.memory_budget
+    data_dir = getattr(args, "data_dir", None)
+
+    brainstate.environ.set(dt=1.0)
+    brainstate.random.seed(args.seed)
+    x, y, mask = _fit_arguments(task.make_data("train", samples, args.seed, data_dir))
+    x_val, y_val, mask_val = _fit_arguments(task.make_data("validation", val_samples, args.seed + 1_000_003,
+                                                           data_dir))  # a disjoint stream
+    samples = len(x)
+    model = task.make_model()
+    steps = epochs * math.ceil(samples / batch_size)
+    optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=optax.cosine_decay_schedule(rate, steps))
+    trainer = Trainer(model, algo=args.algo, optimizer=optimizer, seed=args.seed, loss=task.loss,
+                      loss_on=task.loss_on, memory_budget=budget if args.algo == "hybrid" else None,
+                      regularizers=None if task.regularizers is None else task.regularizers())
+    callbacks, folder = [], None
+    if args.logdir.lower() != "none":
+        folder = _run_folder(args.logdir, f"{task.name}-{args.algo}-seed{args.seed}")
+        callbacks = [TensorBoard(folder, histogram_freq=max(1, epochs // 5), hparams={"task": task.name}),
+                     CSVLogger(folder / "log.csv"),
+                     ModelCheckpoint(folder / "best.ckpt", monitor="val_accuracy", mode="max", save_best_only=True)]
+    if args.verbose:
+        print(f"etrace-fit: task {task.name}, algo {args.algo}, {samples} training / {len(x_val)} validation "
+              f"sequences of {x.shape[1]} steps, {epochs} epochs", flush=True)
+    validation = (x_val, y_val) if mask_val is None else (x_val, y_val, mask_val)
+    start = time.perf_counter()
+    history = trainer.fit(x, y, batch_size=batch_size, epochs=epochs, validation_data=validation,
+                          callbacks=callbacks, verbose=args.verbose, mask=mask)
+    seconds = time.perf_counter() - start
+    accuracy = history.history["val_accuracy"][-1]
+    rules = ", ".join(f"{path} {rule}" for path, rule in trainer.rules.items())
+    print(f"validation accuracy {accuracy:.3f} (best {max(history.history['val_accuracy']):.3f}) after "
+          f"{len(history.epoch)} epochs in {seconds:.0f} s (algo {args.algo}{': ' + rules if rules else ''})")
+    if task.reference:
+        print(f"published: {task.reference}")
+    if folder is not None:
+        print(f"TensorBoard logs: {folder}  (view with: tensorboard --logdir {args.logdir}; also log.csv and "
+              f"best.ckpt there)")
+    return {"accuracy": accuracy, "best_accuracy": max(history.history["val_accuracy"]), "seconds": seconds,
+            "run": folder, "history": history.history, "trainer": trainer}
+
+
+def describe() -> str:
+    """One entry per task: its name, what it is and its defaults."""
+    lines = []
+    for task in TASKS.values():
+        lines.append(f"{task.name:<15} {task.description}")
+        if task.needs_files:
+            source = "files in --data-dir"
+        else:
+            shape = np.shape(task.make_data("train", 1, 0, None)[0])
+            source = f"input (T={shape[1]}, C={', '.join(map(str, shape[2:]))}), {task.train_samples} training sequences"
+        lines.append(f"{'':<15} defaults: {source}, {task.epochs} epochs, batch {task.batch_size}, "
+                     f"lr {task.learning_rate:g}, loss_on {task.loss_on!r}"
+                     + (f"; published: {task.reference}" if task.reference else ""))
+    return "\n".join(lines)

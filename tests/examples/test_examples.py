@@ -1,0 +1,132 @@
+"""The task scripts in examples/ (etrace_fit/tasks.py): each has --help, runs a tiny
+version of its task into its own run folder (TensorBoard, log.csv, best.ckpt), and a
+task read from files says where to get them when they are missing. The file tasks run
+on small files written here in each published format."""
+
+import importlib.util
+import pathlib
+import struct
+
+import brainstate
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ["evidence_accumulation", "copy_task", "mnist1d", "shd", "nmnist", "dvs_gesture"]
+
+
+def _main(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture(autouse=True)
+def _restore_dt():
+    yield
+    if "dt" in brainstate.environ.all():
+        brainstate.environ.pop("dt")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _main(name)(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--algo" in out and "--data-dir" in out and "--logdir" in out
+    assert name in (ROOT / "README.md").read_text()  # each has its line in the README
+
+
+@pytest.mark.parametrize("name", ["shd", "nmnist", "dvs_gesture"])
+def test_a_file_task_without_files_says_where_to_get_them(name, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _main(name)(["--logdir", "none", "--verbose", "0"])
+    assert exit_info.value.code == 2
+    assert "pass --data-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _main(name)(["--data-dir", str(tmp_path), "--logdir", "none", "--verbose", "0"])
+    assert "FileNotFoundError" in capsys.readouterr().err  # the reader names the layout and the URL
+
+
+def _run(name, tmp_path, *extra):
+    summary = _main(name)(["--epochs", "1", "--logdir", str(tmp_path / "runs"), "--verbose", "0", *extra])
+    (run,) = (tmp_path / "runs").iterdir()
+    assert {"train", "validation", "log.csv", "best.ckpt"} <= {p.name for p in run.iterdir()}
+    assert 0.0 <= summary["accuracy"] <= 1.0
+    return summary
+
+
+def test_copy_task_runs_into_its_own_folder(tmp_path):
+    summary = _run("copy_task", tmp_path, "--samples", "32", "--val-samples", "16", "--batch-size", "16")
+    assert summary["run"].name.startswith("copy-hybrid-seed0-")
+
+
+@pytest.mark.parametrize("model", ["gru", pytest.param("snn", marks=pytest.mark.slow)])
+def test_mnist1d_runs_either_model_into_its_own_folder(model, tmp_path):
+    summary = _run("mnist1d", tmp_path, "--model", model, "--samples", "64", "--val-samples", "32",
+                   "--data-dir", str(tmp_path / "cache"))
+    assert summary["run"].name.startswith(f"mnist1d-{model}-hybrid-seed0-")
+    assert list((tmp_path / "cache" / "mnist1d").glob("mnist1d_*.npz"))  # generated once, cached there
+
+
+@pytest.mark.slow
+def test_the_eprop_preset_runs_into_its_own_folder(tmp_path):
+    summary = _run("evidence_accumulation", tmp_path, "--samples", "8", "--val-samples", "8", "--batch-size", "8")
+    assert summary["history"]["rate_layers.0"][0] > 0  # the rate regulariser logs the layer's rate
+
+
+# ---------------------------------------------------------------- tiny files in the published formats
+def _nmnist_file(path, rng, n=200):
+    x, y, p = rng.integers(0, 34, n), rng.integers(0, 34, n), rng.integers(0, 2, n)
+    t = np.sort(rng.integers(0, 290_000, n))
+    raw = np.zeros((n, 5), np.uint8)
+    raw[:, 0], raw[:, 1], raw[:, 2] = x, y, (p << 7) | ((t >> 16) & 0x7F)
+    raw[:, 3], raw[:, 4] = (t >> 8) & 0xFF, t & 0xFF
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw.tobytes())
+
+
+def _aedat(path, rng, n=2000, end=3_000_000):
+    header = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#!END-HEADER\r\n"
+    t = np.sort(rng.integers(0, end, n))
+    events = b"".join(struct.pack("<II", 1 | int(p) << 1 | int(y) << 2 | int(x) << 17, int(s)) for x, y, p, s in
+                      zip(rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n), t))
+    path.write_bytes(header + struct.pack("<hhiiiiii", 1, 1, 8, 4, 0, n, n, n) + events)
+
+
+@pytest.mark.slow
+def test_nmnist_and_dvs_gesture_run_on_small_files(tmp_path):
+    rng = np.random.default_rng(0)
+    nmnist = tmp_path / "nmnist"
+    for split in ("Train", "Test"):
+        for digit in (0, 1):
+            for k in range(2):
+                _nmnist_file(nmnist / split / str(digit) / f"{k:05d}.bin", rng)
+    _run("nmnist", tmp_path / "a", "--data-dir", str(nmnist), "--batch-size", "4")
+
+    dvs = tmp_path / "dvs"
+    dvs.mkdir()
+    for name in ("user01_lab", "user02_lab"):
+        _aedat(dvs / f"{name}.aedat", rng)
+        (dvs / f"{name}_labels.csv").write_text("class,startTime_usec,endTime_usec\n1,100000,1500000\n"
+                                                "2,1500000,2900000\n")
+    (dvs / "trials_to_train.txt").write_text("user01_lab.aedat\n")
+    (dvs / "trials_to_test.txt").write_text("user02_lab.aedat\n")
+    _run("dvs_gesture", tmp_path / "b", "--data-dir", str(dvs), "--batch-size", "2")
+
+
+@pytest.mark.slow
+def test_shd_runs_on_a_small_file(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        with h5py.File(tmp_path / f"shd_{split}.h5", "w") as file:
+            times = file.create_dataset("spikes/times", (6,), dtype=h5py.vlen_dtype(np.dtype(np.float16)))
+            units = file.create_dataset("spikes/units", (6,), dtype=h5py.vlen_dtype(np.dtype(np.uint16)))
+            for i in range(6):
+                times[i] = np.sort(rng.uniform(0, 0.9, 50)).astype(np.float16)
+                units[i] = rng.integers(0, 700, 50).astype(np.uint16)
+            file.create_dataset("labels", data=rng.integers(0, 20, 6).astype(np.uint8))
+    _run("shd", tmp_path, "--data-dir", str(tmp_path), "--batch-size", "3")
