@@ -198,12 +198,13 @@ def _mnist1d_gru() -> Any:
 
 
 def _mnist1d_snn() -> Any:
-    """A recurrent ALIF network reading the signal as an input current."""
+    """A recurrent LIF network reading the signal as an input current (through a
+    learned Linear(1, 128) with a small bias)."""
     return Sequential(
-        layers.Linear(1, 128, w_init=brainstate.nn.init.Normal(scale=2.0), b_init=brainstate.nn.init.Constant(0.5)),
-        layers.RecurrentALIF(128, 128, tau=10.0, tau_a=40.0, beta=0.5, surrogate=layers.Triangle(width=1.0, scale=0.5),
-                             w_init=brainstate.nn.init.KaimingNormal(scale=1.0)),
-        layers.LeakyRateReadout(128, 10, tau=10.0),
+        layers.Linear(1, 128, w_init=brainstate.nn.init.Normal(scale=1.0), b_init=brainstate.nn.init.Constant(0.2)),
+        layers.RecurrentLIF(128, 128, tau=20.0, surrogate=layers.Triangle(width=1.0, scale=1.0),
+                            w_init=brainstate.nn.init.KaimingNormal(scale=0.5)),
+        layers.LeakyRateReadout(128, 10, tau=20.0),
     )
 
 
@@ -242,23 +243,23 @@ TASKS: dict[str, Task] = {
         make_data=_copy_data,
         make_model=_copy_model,
         train_samples=2048, val_samples=512, epochs=30, learning_rate=3e-3, loss_on="mask",
-        reference="chance 1/8 = 0.125 per symbol; BPTT solves it",
+        reference="chance 1/8 = 0.125 per symbol",
     ),
     "mnist1d-gru": Task(
         name="mnist1d-gru",
         description="MNIST-1D (10 classes, 40 steps of one channel; generated offline as the original): "
                     "GRUCell(1, 64) -> Linear(10), loss at the last step; validation on the test split",
         make_data=_mnist1d_data, make_model=_mnist1d_gru, train_samples=4000, val_samples=1000, epochs=40,
-        learning_rate=1e-2, batch_size=64,
+        learning_rate=2e-2, batch_size=128,  # tuned for the online rules (BPTT: 0.97 at 1e-2 / 64 too)
         reference="measured in issue 14 on a causal GRU-64: BPTT 0.974; the reference eligibility-trace "
                   "library: D-RTRL 0.80-0.85, ES-D-RTRL 0.45, BPTT 0.983",
     ),
     "mnist1d-snn": Task(
         name="mnist1d-snn",
-        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentALIF(128, 128) -> "
+        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentLIF(128, 128) -> "
                     "LeakyRateReadout(10), loss at the last step",
-        make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=40,
-        learning_rate=5e-3, batch_size=64,
+        make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=60,
+        learning_rate=1e-2, batch_size=64,
         reference="issue target: >= 0.75 with BPTT",
     ),
     "shd": Task(
