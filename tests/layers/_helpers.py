@@ -4,6 +4,8 @@
 * :func:`layer_grads` / :func:`check_fd` compute a model's gradients with
   ``brainstate.transform.grad`` and compare a few entries of each parameter leaf with
   central finite differences (float64).
+* :func:`sequence_grads` gives a model's gradient of a squared error at every step, by
+  a rule or (``algo="reference"``) by autodiff through the loop.
 * :func:`make_spike` / :data:`PSEUDO_DERIVATIVES` give an independent spike function
   (Heaviside forward, hand-written pseudo-derivative) for pure-jnp references.
 """
@@ -137,3 +139,28 @@ def rand_np(seed, *shape, scale=1.0):
 def randomize(module, seed=0, bias_scale=0.5):
     """Fresh random weights (see ``tests/_shared_reference.py``)."""
     return _reference.randomize(module, seed=seed, bias_scale=bias_scale)
+
+
+def sequence_grads(model, xs, ys, algo):
+    """Gradients of ``Σ_t |out_t − y_t|²`` over time-major ``xs (T, B, ...)`` from reset
+    states: by ``ef.sequence_grad`` with ``algo``, or with ``algo="reference"`` by
+    ``brainstate.transform.grad`` through a ``for_loop`` (BPTT, independent of the rules)."""
+    import warnings
+
+    import etrace_fit as ef
+
+    loss = lambda out, y: jnp.sum((out - y) ** 2)  # noqa: E731
+    batch = jnp.shape(xs)[1]
+    brainstate.nn.reset_all_states(model, batch_size=batch)
+    if algo == "reference":
+        params = model.states(brainstate.ParamState)
+
+        def total():
+            brainstate.nn.reset_all_states(model, batch_size=batch)
+            outs = brainstate.transform.for_loop(model, xs)
+            return jax.vmap(loss)(outs, ys).sum()
+
+        return brainstate.transform.grad(total, grad_states=params)()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        return ef.sequence_grad(model, xs, ys, loss, algo=algo)[0]

@@ -3,16 +3,16 @@ against a plain-jnp reference, online gradients against BPTT, and their errors."
 
 from __future__ import annotations
 
-import warnings
 
 import brainstate
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
+
+from ._helpers import sequence_grads
 
 I, N, B, T = 3, 5, 2, 25
 
@@ -60,23 +60,6 @@ def test_forward_matches_the_plain_reference(kind):
     np.testing.assert_array_equal(spikes, expected)
 
 
-def _grads(model, xs, ys, algo):
-    loss = lambda out, y: jnp.sum((out - y) ** 2)
-    brainstate.nn.reset_all_states(model, batch_size=B)
-    if algo == "reference":  # BPTT by brainstate, independent of the rules
-        params = model.states(brainstate.ParamState)
-
-        def total():
-            brainstate.nn.reset_all_states(model, batch_size=B)
-            outs = brainstate.transform.for_loop(model, xs)
-            return jax.vmap(loss)(outs, ys).sum()
-
-        return brainstate.transform.grad(total, grad_states=params)()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ef.ApproximationWarning)
-        return ef.sequence_grad(model, xs, ys, loss, algo=algo)[0]
-
-
 @pytest.mark.parametrize("kind", ["lif", "alif"])
 def test_d_rtrl_is_exact_without_recurrent_rows_and_close_with_them(kind):
     with brainstate.environ.context(precision=64, dt=1.0):
@@ -86,7 +69,7 @@ def test_d_rtrl_is_exact_without_recurrent_rows_and_close_with_them(kind):
         xs = jnp.asarray(rand(2, T, B, I, shift=0.3))
         ys = jnp.asarray(rand(4, T, B, 2))
         path = ("layers", 0, "W", "weight")
-        got, ref = _grads(model, xs, ys, "d_rtrl")[path], _grads(model, xs, ys, "reference")[path]
+        got, ref = sequence_grads(model, xs, ys, "d_rtrl")[path], sequence_grads(model, xs, ys, "reference")[path]
         cos = float(np.dot(np.ravel(got["weight"]), np.ravel(ref["weight"]))
                     / np.linalg.norm(got["weight"]) / np.linalg.norm(ref["weight"]))
         assert 0.5 < cos < 1 - 1e-6  # approximate: dense recurrence through z^{t-1}
@@ -96,7 +79,7 @@ def test_d_rtrl_is_exact_without_recurrent_rows_and_close_with_them(kind):
         weights = dict(layer.W.weight.value)
         weights["weight"] = weights["weight"].at[I:].set(0.0)  # no recurrence: per-unit only
         layer.W.weight.value = weights
-        got, ref = _grads(model, xs, ys, "d_rtrl")[path], _grads(model, xs, ys, "reference")[path]
+        got, ref = sequence_grads(model, xs, ys, "d_rtrl")[path], sequence_grads(model, xs, ys, "reference")[path]
     for key in ("weight", "bias"):
         scale = np.max(np.abs(ref[key]))
         assert scale > 0 and np.max(np.abs(np.asarray(got[key]) - np.asarray(ref[key]))) / scale < 1e-8, key

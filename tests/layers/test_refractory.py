@@ -3,16 +3,16 @@ the forward pass against a plain-numpy reference, and every rule's gradient agai
 
 from __future__ import annotations
 
-import warnings
 
 import brainstate
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
+
+from ._helpers import sequence_grads
 
 N, B, T, REF = 6, 3, 40, 3
 
@@ -69,23 +69,6 @@ def test_spikes_follow_the_reference_and_keep_the_refractory_gap(kind):
     assert not hasattr(free, "refractory_steps")  # no refractory period, no extra state
 
 
-def _grads(model, xs, ys, algo):
-    loss = lambda out, y: jnp.sum((out - y) ** 2)  # noqa: E731
-    brainstate.nn.reset_all_states(model, batch_size=B)
-    if algo == "reference":  # BPTT by autodiff through the loop, independent of the rules
-        params = model.states(brainstate.ParamState)
-
-        def total():
-            brainstate.nn.reset_all_states(model, batch_size=B)
-            outs = brainstate.transform.for_loop(model, xs)
-            return jax.vmap(loss)(outs, ys).sum()
-
-        return brainstate.transform.grad(total, grad_states=params)()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ef.ApproximationWarning)
-        return ef.sequence_grad(model, xs, ys, loss, algo=algo)[0]
-
-
 def _relative_error(got, ref):
     got, ref = np.ravel(np.asarray(got)), np.ravel(np.asarray(ref))
     return np.max(np.abs(got - ref)) / np.max(np.abs(ref))
@@ -109,10 +92,10 @@ def test_every_rule_against_bptt_with_a_refractory_period(kind):
         brainstate.nn.init_all_states(model, batch_size=B)
         xs = jnp.asarray(rng.normal(0.4, 1.0, (T, B, 4)))
         ys = jnp.asarray(rng.normal(0, 1.0, (T, B, 2)))
-        ref = _grads(model, xs, ys, "reference")
+        ref = sequence_grads(model, xs, ys, "reference")
         spikes, silent = brainstate.transform.for_loop(
             lambda x: (model(x), (neuron.spikes(), neuron.refractory_steps.value))[1], xs)
-        got = {algo: _grads(model, xs, ys, algo) for algo in ("d_rtrl", "hybrid", "esd_rtrl")}
+        got = {algo: sequence_grads(model, xs, ys, algo) for algo in ("d_rtrl", "hybrid", "esd_rtrl")}
     # The run spikes and its neurons spend steps refractory (else the test would not test it).
     assert float(jnp.mean(spikes)) > 0.05 and float(jnp.mean(silent > 0)) > 0.1
     for path in (("layers", 0, "weight"), ("layers", 2, "weight")):
@@ -135,7 +118,7 @@ def test_recurrent_layers_take_a_refractory_period_and_stay_exact_without_recurr
         xs = jnp.asarray(rng.normal(0.5, 1.0, (T, B, 4)))
         ys = jnp.asarray(rng.normal(0, 1.0, (T, B, 2)))
         spikes = np.asarray(brainstate.transform.for_loop(lambda x: (model(x), rnn.spikes())[1], xs))
-        ref, got = _grads(model, xs, ys, "reference"), _grads(model, xs, ys, "d_rtrl")
+        ref, got = sequence_grads(model, xs, ys, "reference"), sequence_grads(model, xs, ys, "d_rtrl")
     assert spikes.mean() > 0.05
     for b in range(B):
         for n in range(N):
