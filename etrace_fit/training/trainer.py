@@ -178,7 +178,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.history = History(model=self)
         self._step_loss = self._make_step_loss()
         self._forward = None
-        self._steps: dict[int, tuple[Any, Any, Reset]] = {}  # id(program) -> (program, jitted step, reset)
+        self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted step)
+        self._resets: dict[int, tuple[Any, Reset]] = {}  # id(program) -> (program, its traced reset)
         self._batch_programs: dict[tuple, tuple] = {}  # batch shapes -> _batch_program's entry (one fit)
         self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
@@ -457,6 +458,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
             self._steps.clear()
+            self._resets.clear()
         self._batch_programs.clear()  # re-checked against the model's states at every fit
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read before the first batch
@@ -563,11 +565,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
 
     def _reset_of(self, compiled) -> Reset:
         """The model's reset at the batch size of ``compiled``, traced once per program."""
-        entry = self._steps.get(id(compiled.program))
-        if entry is not None:
-            return entry[2]
-        batch = compiled.module.input_vars[0].aval.shape[0]
-        return traced_reset(self._model, compiled.module, batch)
+        entry = self._resets.get(id(compiled.program))
+        if entry is None:
+            batch = compiled.module.input_vars[0].aval.shape[0]
+            entry = self._resets[id(compiled.program)] = (compiled.program,
+                                                          traced_reset(self._model, compiled.module, batch))
+        return entry[1]
 
     def _batch_program(self, xs, ys, weight):
         """``(compiled, jitted step, reset)`` for this batch's shapes, kept per shape for
@@ -578,9 +581,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             compiled = self._compiled(xs, ys, weight)
             step = self._steps.get(id(compiled.program))
             if step is None:
-                reset = self._reset_of(compiled)
-                step = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled), reset)
-            entry = self._batch_programs[key] = (compiled, step[1], step[2])
+                step = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
+            entry = self._batch_programs[key] = (compiled, step[1], self._reset_of(compiled))
         return entry
 
     def _epoch_logs(self, epoch: int, records: list) -> dict[str, float]:

@@ -191,3 +191,16 @@ def test_the_training_state_is_one_pytree_and_the_model_follows_it_lazily():
     assert trainer._state.weights.keys() == {".".join(map(str, p)) for p in
                                              trainer._model.states(brainstate.ParamState)}
     assert T == next(iter(x.shape[1:]))  # the shared task's length, as the helpers say
+
+
+def test_the_reset_is_traced_once_per_batch_shape(monkeypatch):
+    """Batches of 8, 8 and 4 over two epochs: two programs, two traced resets (not one
+    per batch, nor two per program)."""
+    from etrace_fit.training import trainer as trainer_module
+
+    calls = []
+    real = trainer_module.traced_reset
+    monkeypatch.setattr(trainer_module, "traced_reset", lambda *a: calls.append(a[2]) or real(*a))
+    x, y = rate_data(20)
+    ef.Trainer(lif_model(), algo="d_rtrl").fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert sorted(calls) == [4, 8]
