@@ -5,10 +5,11 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 :mod:`etrace_fit.compiler` (:func:`compile_graph`), the online rules in
 :mod:`etrace_fit.algorithms` (:func:`compile`), the Keras-style :class:`Trainer` in
 :mod:`etrace_fit.training` with :mod:`etrace_fit.callbacks`, built-in tasks in
-:mod:`etrace_fit.datasets`, errors in :mod:`etrace_fit.errors`.
+:mod:`etrace_fit.datasets`, data parallelism over devices and hosts in
+:mod:`etrace_fit.distributed`, errors in :mod:`etrace_fit.errors`.
 """
 
-from . import algorithms, callbacks, compiler, datasets, errors, layers, ops, training
+from . import algorithms, callbacks, compiler, datasets, distributed, errors, layers, ops, training
 from .algorithms import Learner, LearnerState, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import (ApproximationWarning, CheckpointError, CompilationError, ConfigError, DataError, EtraceError,
@@ -39,6 +40,7 @@ __all__ = [
     "compile_graph",
     "compiler",
     "datasets",
+    "distributed",
     "errors",
     "gradient_fidelity",
     "layers",

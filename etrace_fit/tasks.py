@@ -23,7 +23,7 @@ import brainstate
 import numpy as np
 import optax
 
-from . import layers
+from . import distributed, layers
 from .algorithms.registry import ALGOS
 from .callbacks import CSVLogger, ModelCheckpoint, TensorBoard
 from .datasets import copy_task, evidence_accumulation, load_mnist1d, rate_discrimination
@@ -309,6 +309,13 @@ def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> a
     parser.add_argument("--lr", type=float, help="peak learning rate of the cosine schedule (default: the task's)")
     parser.add_argument("--memory-budget", help="trace memory per sample hybrid may spend on D-RTRL (default: 4MiB)")
     parser.add_argument("--data-dir", help="where the dataset's files are (tasks read from files)")
+    parser.add_argument("--mesh", default=None, metavar="auto|N",
+                        help="data parallelism: split each batch over every device ('auto') or the first N "
+                             "(default: one device; docs/scaling.md)")
+    parser.add_argument("--devices", type=int, default=None, metavar="N", help="the same as --mesh N")
+    parser.add_argument("--distributed", action="store_true",
+                        help="join a multi-host run first (etrace_fit.distributed.initialize: Slurm and Open MPI "
+                             "are detected; one process per host) and use every device of every host")
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                         help="0 quiet, 1 a progress bar per epoch (default), 2 one line per epoch")
     return parser
@@ -325,6 +332,23 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         _positive(parser, name.replace("_", "-"), getattr(args, name, None))
     if not 0 <= args.seed < 2 ** 32:  # numpy's seeds
         parser.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+    mesh, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
+    if mesh is not None and devices is not None:
+        parser.error("give --mesh or --devices, not both")
+    if mesh is not None and mesh != "auto" and not (mesh.isdigit() and int(mesh) > 0):
+        parser.error(f"--mesh must be 'auto' or a positive number of devices, got {mesh!r}")
+    if devices is not None and devices < 1:
+        parser.error(f"--devices must be positive, got {devices}")
+
+
+def _mesh(args: argparse.Namespace) -> Any:
+    """The Trainer's ``mesh`` from ``--mesh`` / ``--devices`` / ``--distributed``."""
+    mesh, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
+    if devices is not None:
+        return devices
+    if mesh is not None:
+        return mesh if mesh == "auto" else int(mesh)
+    return "auto" if getattr(args, "distributed", False) else None
 
 
 def script(name: str, description: str, argv: list[str] | None = None,
@@ -374,6 +398,9 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     rate = task.learning_rate if args.lr is None else args.lr
     budget = task.memory_budget if args.memory_budget is None else args.memory_budget
     data_dir = getattr(args, "data_dir", None)
+    if getattr(args, "distributed", False):  # before anything runs on a device
+        distributed.initialize()
+    main = distributed.is_main_process()  # only process 0 prints and writes
 
     brainstate.environ.set(dt=1.0)
     brainstate.random.seed(args.seed)
@@ -386,16 +413,17 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=optax.cosine_decay_schedule(rate, steps))
     trainer = Trainer(model, algo=args.algo, optimizer=optimizer, seed=args.seed, loss=task.loss,
                       loss_on=task.loss_on, memory_budget=budget if args.algo == "hybrid" else None,
-                      regularizers=None if task.regularizers is None else task.regularizers())
+                      regularizers=None if task.regularizers is None else task.regularizers(), mesh=_mesh(args))
     callbacks, folder = [], None
     if args.logdir.lower() != "none":
         folder = _run_folder(args.logdir, f"{task.name}-{args.algo}-seed{args.seed}")
         callbacks = [TensorBoard(folder, histogram_freq=max(1, epochs // 5), hparams={"task": task.name}),
                      CSVLogger(folder / "log.csv"),
                      ModelCheckpoint(folder / "best.ckpt", monitor="val_accuracy", mode="max", save_best_only=True)]
-    if args.verbose:
+    if args.verbose and main:
+        devices = "" if trainer.mesh is None else f", batches split over {trainer.mesh.size} devices"
         print(f"etrace-fit: task {task.name}, algo {args.algo}, {samples} training / {len(x_val)} validation "
-              f"sequences of {x.shape[1]} steps, {epochs} epochs", flush=True)
+              f"sequences of {x.shape[1]} steps, {epochs} epochs{devices}", flush=True)
     validation = (x_val, y_val) if mask_val is None else (x_val, y_val, mask_val)
     start = time.perf_counter()
     history = trainer.fit(x, y, batch_size=batch_size, epochs=epochs, validation_data=validation,
@@ -403,6 +431,9 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     accuracy = history.history["val_accuracy"][-1]
     rules = ", ".join(f"{path} {rule}" for path, rule in trainer.rules.items())
+    if not main:
+        return {"accuracy": accuracy, "best_accuracy": max(history.history["val_accuracy"]), "seconds": seconds,
+                "run": None, "history": history.history, "trainer": trainer}
     print(f"validation accuracy {accuracy:.3f} (best {max(history.history['val_accuracy']):.3f}) after "
           f"{len(history.epoch)} epochs in {seconds:.0f} s (algo {args.algo}{': ' + rules if rules else ''})")
     if task.reference:

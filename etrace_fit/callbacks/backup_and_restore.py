@@ -7,6 +7,7 @@ import os
 import warnings
 
 from ..checkpoint import read_checkpoint, remove_temporaries
+from ..distributed import barrier, is_main_process
 from ..errors import CheckpointError
 from .base import Callback, writable_folder
 
@@ -69,8 +70,10 @@ class BackupAndRestore(Callback):
         return sorted(found, reverse=True)
 
     def on_train_begin(self, logs=None):
-        writable_folder(self.backup_dir, "BackupAndRestore")
-        remove_temporaries(self.backup_dir)
+        if is_main_process():  # multi-host: every process restores, process 0 alone writes
+            writable_folder(self.backup_dir, "BackupAndRestore")
+            remove_temporaries(self.backup_dir)
+        barrier("etrace_fit BackupAndRestore begin")
         for epoch, path, label in self._candidates():
             try:
                 manifest = self.model.restore(path)
@@ -86,13 +89,15 @@ class BackupAndRestore(Callback):
             warnings.warn(f"BackupAndRestore: epoch {epoch + 1} ended with loss {loss}; it is not backed up (a "
                           "resumed run starts from the last finite epoch)")
             return
-        self.model.save(self.next)  # complete before anything older moves
-        if os.path.exists(self.latest):
-            os.replace(self.latest, self.previous)
-        os.replace(self.next, self.latest)
+        self.model.save(self.next)  # complete before anything older moves (written by process 0)
+        if is_main_process():
+            if os.path.exists(self.latest):
+                os.replace(self.latest, self.previous)
+            os.replace(self.next, self.latest)
+        barrier("etrace_fit BackupAndRestore rotated")
 
     def on_train_end(self, logs=None):
-        if self.delete_on_finish and not self.model.stop_training:
+        if self.delete_on_finish and not self.model.stop_training and is_main_process():
             for path in (self.latest, self.previous, self.next):
                 if os.path.exists(path):
                     os.remove(path)

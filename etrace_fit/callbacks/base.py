@@ -18,6 +18,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Iterable
 
+import jax
+
 __all__ = ["BatchLogs", "Callback", "CallbackList", "Monitor", "MonitoredCallback"]
 
 
@@ -72,6 +74,10 @@ class Callback:
     #: ``on_epoch_end`` after theirs (an epoch is backed up only once every callback's
     #: epoch-end work is done; a crash before that re-runs the epoch).
     restores_run: bool = False
+    #: In a multi-host run (``etrace_fit.distributed``) only process 0 runs this
+    #: callback: it writes files or prints (TensorBoard, CSVLogger, ModelCheckpoint,
+    #: ProgressBar). The others run in every process, with the same logs.
+    main_process_only: bool = False
 
     def state_key(self) -> str:
         """The name this callback's state is saved under in a checkpoint: its type and
@@ -171,6 +177,8 @@ class CallbackList:
             raise AttributeError(name)
 
         callbacks = self.callbacks
+        if jax.process_index() != 0:  # multi-host: one process writes and prints
+            callbacks = [c for c in callbacks if not c.main_process_only]
         if name == "on_train_begin":  # restorers first: the others see the resumed run
             callbacks = sorted(callbacks, key=lambda c: not c.restores_run)
         elif name == "on_epoch_end":  # restorers last: the backup commits every callback's work

@@ -30,6 +30,8 @@ class CSVLogger(Callback):
         trainer.fit(x, y, epochs=5, callbacks=[CSVLogger("runs/log.csv")])
     """
 
+    main_process_only = True
+
     def __init__(self, filename: str, separator: str = ",", append: bool = False):
         self.filename, self.separator, self.append = os.fspath(filename), separator, append
         self._keys: list[str] | None = None

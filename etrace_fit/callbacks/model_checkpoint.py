@@ -35,6 +35,8 @@ class ModelCheckpoint(MonitoredCallback):
         ModelCheckpoint("ckpt/{epoch:03d}-{val_accuracy:.3f}.ckpt", monitor="val_accuracy", save_best_only=True)
     """
 
+    main_process_only = True
+
     def __init__(self, filepath: str, monitor: str = "val_loss", mode: str = "auto", save_best_only: bool = False,
                  keep_last: int | None = None):
         if keep_last is not None and keep_last < 1:

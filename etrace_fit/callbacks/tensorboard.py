@@ -101,6 +101,8 @@ class TensorBoard(Callback):
         trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence-1", hparams={"task": "evidence"})])
     """
 
+    main_process_only = True
+
     def __init__(self, log_dir: str = "runs", update_freq: int | str = "epoch", histogram_freq: int = 1,
                  raster_freq: int | None = None, hparams: Mapping[str, Any] | None = None,
                  final_histograms: bool = True, legacy_tags: bool = False):

@@ -45,6 +45,20 @@ class Evaluation:
             self._forward = forward
         return self._forward(xs, carry)
 
+    def _on_mesh(self, *arrays: Any) -> tuple:
+        """Time-major batches on the trainer's mesh (as they are without one): split
+        over the batch axis when the batch splits evenly over the devices, else
+        replicated (every device runs the whole batch; results are the same)."""
+        placement = self._placement
+        if placement is None:
+            return arrays
+        axis = 1 if arrays[0].shape[1] % placement.size == 0 else None
+        return tuple(placement.put(a, axis) for a in arrays)
+
+    def _fetch(self, value: Any) -> np.ndarray:
+        """A device array as numpy (gathered across processes in a multi-host run)."""
+        return np.asarray(value) if self._placement is None else self._placement.fetch(value)
+
     def _build_eval_step(self):
         model, loss_fn, regularizers = self._model, self.loss_fn, self.regularizers
         step = model if self._step_fn is None else self._step_fn
@@ -127,7 +141,7 @@ class Evaluation:
                 self._check_targets(ys, f"y of batch {step}")
             if self._eval_step is None:
                 self._eval_step = self._build_eval_step()
-            logs = {key: float(value) for key, value in self._eval_step(xs, ys, weight, False).items()}
+            logs = {key: float(value) for key, value in self._eval_step(*self._on_mesh(xs, ys, weight), False).items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
@@ -187,8 +201,8 @@ class Evaluation:
         for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
             hooks.on_predict_batch_begin(step, {})
             xs, _, _ = placement(batch, "last", False)  # no loss here: any placement reads x alike
-            out = self._outputs(xs, carry=self.stateful)
-            outputs.append(np.asarray(out[-1] if last_only else (out if self.time_major else jnp.swapaxes(out, 0, 1))))
+            out = self._fetch(self._outputs(*self._on_mesh(xs), carry=self.stateful))
+            outputs.append(out[-1] if last_only else (out if self.time_major else np.swapaxes(out, 0, 1)))
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
         hooks.on_predict_end({})
         return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)

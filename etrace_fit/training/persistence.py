@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..compiler import format_path
+from ..distributed import is_main_process
 from ..errors import CheckpointError, ConfigError
 from .logs import History
 
@@ -29,12 +30,17 @@ class Persistence:
 
     def save(self, path: Any) -> None:
         """Write weights, optimizer state, epoch, history and callback state to ``path``
-        (atomically; see :mod:`etrace_fit.checkpoint`)."""
+        (atomically; see :mod:`etrace_fit.checkpoint`). In a multi-host run only process
+        0 writes (the weights and optimizer state are replicated: every process holds
+        the same); the others return at once (``BackupAndRestore`` waits for the file
+        at a barrier)."""
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "opt_state": self.opt_state if self.opt_state is not None else {}}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
-                 "has_opt_state": self.opt_state is not None}
+                 "has_opt_state": self.opt_state is not None, "process_count": jax.process_count()}
+        if not is_main_process():
+            return
         checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
 
     def restore(self, path: Any) -> dict:
@@ -42,6 +48,13 @@ class Persistence:
         returns the manifest. :class:`CheckpointError` (and nothing changed) if it does
         not fit the model, the optimizer or ``update_every``, naming what differs."""
         manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        saved_processes = manifest.get("process_count", 1)
+        if saved_processes != jax.process_count():
+            raise CheckpointError(
+                f"{path} was written by a run of {saved_processes} process(es), this one has {jax.process_count()}: "
+                "each process reads its own share of iterable data, so the resumed epochs would see other "
+                "batches; resume with the same number of processes (the number of devices may differ), or "
+                "load the weights alone with set_weights")
         try:
             params = {p: jax.tree.unflatten(jax.tree.structure(s.value),
                                             [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(p)])])

@@ -75,7 +75,8 @@ class StepResult(NamedTuple):
 
 
 def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
-                     update_every: int | None, regularizers: Sequence = (), reset: Reset | None = None):
+                     update_every: int | None, regularizers: Sequence = (), reset: Reset | None = None,
+                     placement: Any = None, axes: tuple | None = None):
     """The whole training step over one batch as one pure jitted function (built once
     per compiled program, i.e. per input shape):
 
@@ -95,7 +96,11 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     (``finite`` says so). ``regularizers`` (``((regulariser, layer paths), ...)``): the
     program's step returns ``(output, spikes)`` and its loss has a regulariser at every
     step (no step is skipped; metrics read the output); the running rates in
-    ``state.rates`` move on by the batch's, and the logs hold each layer's rate."""
+    ``state.rates`` move on by the batch's, and the logs hold each layer's rate.
+
+    ``placement`` (an :class:`etrace_fit.distributed.Placement`) with ``axes`` (the
+    batch axis of each hidden-state leaf and of each trace leaf): the next state keeps
+    the states and traces split over the mesh's batch axis and the rest replicated."""
     regularized = bool(regularizers)
     program, module = compiled.program, compiled.module
     paths = {format_path(s.path): s.path for s in module.weights}
@@ -160,6 +165,14 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)
         next_state = TrainState(new_values, new_opt_state, [final[n] for n in others_at], (stream or [None])[0],
                                 rates)
+        if placement is not None:
+            state_axes, trace_axes = axes
+            next_state = TrainState(placement.constrain(next_state.weights, None),
+                                    placement.constrain(next_state.opt_state, None),
+                                    placement.constrain(next_state.states, state_axes),
+                                    None if next_state.traces is None
+                                    else placement.constrain(next_state.traces, trace_axes),
+                                    placement.constrain(next_state.rates, None))
         return next_state, StepResult(loss, logs, finite, grads, norms)
 
     return jax.jit(train_step, static_argnames="start")

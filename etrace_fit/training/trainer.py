@@ -32,12 +32,13 @@ from ..algorithms.registry import check_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
+from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
 from ..errors import ConfigError, ShapeError
 from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_shuffle, class_table, loss_weight,
                    placement, split_validation)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
-from .state import ModelSync, Reset, TrainState, eager_reset, traced_reset
+from .state import ModelSync, Reset, TrainState, _other_positions, eager_reset, traced_reset
 from .step import build_train_step, placed_metrics, sequence_targets
 from .losses import check_labels, get_loss
 from .metrics import get_metrics
@@ -102,6 +103,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         stop_on_nonfinite: stop ``fit`` (with a warning naming the fix) after an epoch
             in which every batch had a non-finite loss or gradient. Such a batch's
             update is never applied; a few of them only warn.
+        mesh: data parallelism (docs/scaling.md). ``None``: one device; ``"auto"``:
+            every device (of every process after
+            :func:`etrace_fit.distributed.initialize`); an int: that many devices; or
+            a ``jax.sharding.Mesh`` with a ``"batch"`` axis. Each batch, its hidden
+            states and its eligibility traces are split over the batch axis (a batch
+            size must be a multiple of its size), the weights and optimizer state
+            replicated; losses and metrics are sums over the whole batch, so the run
+            equals the one-device run up to the order of floating-point sums.
 
     Example::
 
@@ -127,6 +136,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         stateful: bool = False,
         regularizers: Sequence[Any] | None = None,
         stop_on_nonfinite: bool = True,
+        mesh: Any = None,
     ):
         check_algo(algo)
         if isinstance(metrics, str):
@@ -146,6 +156,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if not isinstance(stop_on_nonfinite, bool):
             raise ConfigError(f"stop_on_nonfinite must be True or False, got {stop_on_nonfinite!r}")
         self.stop_on_nonfinite = stop_on_nonfinite
+        self.mesh = resolve_mesh(mesh)
+        # Data parallelism (etrace_fit.distributed): batches, hidden states and traces
+        # split over the mesh's batch axis, weights and optimizer state replicated.
+        self._placement = None if self.mesh is None else Placement(self.mesh)
         self._model = model
         self._sync = ModelSync(model)  # moves values between the training state and the model, lazily
         self._state: TrainState | None = None  # everything training changes (see training/state.py)
@@ -180,6 +194,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._forward = None
         self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted step)
         self._resets: dict[int, tuple[Any, Reset]] = {}  # id(program) -> (program, its traced reset)
+        self._local_batches = False  # fit(ProcessLocal(...)): each process feeds its share of every batch
+        self._axes: dict[int, tuple[Any, tuple]] = {}  # id(program) -> (program, batch axes of states, traces)
         self._batch_programs: dict[tuple, tuple] = {}  # batch shapes -> _batch_program's entry (one fit)
         self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
@@ -418,6 +434,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             check_count(steps_per_epoch, "steps_per_epoch")
         if validation_split and validation_data is not None:
             raise ConfigError("give validation_data or validation_split, not both")
+        self._local_batches = isinstance(x, ProcessLocal)  # each process feeds its share of every batch
+        if self._local_batches:
+            if self._placement is None:
+                raise ConfigError("ProcessLocal batches are shares of a global batch across processes: give the "
+                                  "Trainer a mesh (mesh='auto' after etrace_fit.distributed.initialize)")
+            x = x.batches
         is_array = hasattr(x, "shape")
         if (sample_weight is not None or class_weight is not None or mask is not None) and not is_array:
             raise ConfigError("sample_weight, class_weight and mask apply to array data (x, y); an iterable "
@@ -459,6 +481,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self.learner = None  # a layer attribute changed or states were recreated: compile again
             self._steps.clear()
             self._resets.clear()
+            self._axes.clear()
         self._batch_programs.clear()  # re-checked against the model's states at every fit
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read before the first batch
@@ -470,6 +493,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             steps = steps if steps_per_epoch is None else min(steps, steps_per_epoch)
         elif steps_per_epoch is not None:
             steps = steps_per_epoch
+        if self._placement is not None:
+            self._check_split(batch_size, np.shape(x)[0] if is_array else None, drop_remainder)
+            if not is_main_process():  # one process prints
+                verbose = 0
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(ProgressBar(total=steps))
         self.epochs = epochs
@@ -486,6 +513,18 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._push()  # the model holds every finished batch's update, also after an error
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
+
+    def _check_split(self, batch_size: int, size: int | None, drop_remainder: bool) -> None:
+        """:class:`ConfigError` before training when a batch of array data would not
+        split evenly over the mesh's devices."""
+        self._placement.check_batch(batch_size)
+        last = 0 if size is None or drop_remainder else size % batch_size
+        if last:
+            try:
+                self._placement.check_batch(last, f"the last batch ({size} samples in batches of {batch_size} "
+                                                  f"leave {last})")
+            except ConfigError as error:
+                raise ConfigError(f"{error}; or choose batch_size so that it divides {size}") from None
 
     def _fit_epochs(self, x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
                     steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask) -> None:
@@ -555,13 +594,33 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                                    decay=self.decay, memory_budget=self.memory_budget,
                                                    plan_batch=xs.shape[1], step_fn=self._step_fn)
                 if self.learner.plan is not None:
-                    check_trace_memory(self.learner.plan, xs.shape[1])
+                    check_trace_memory(self.learner.plan, xs.shape[1],
+                                       devices=1 if self._placement is None else self._placement.size)
             return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()))
 
     def _build_step(self, compiled):
         """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
         return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every,
-                                regularizers=self.regularizers, reset=self._reset_of(compiled))
+                                regularizers=self.regularizers, reset=self._reset_of(compiled),
+                                placement=self._placement, axes=self._batch_axes_of(compiled))
+
+    def _batch_axes(self, compiled) -> tuple | None:
+        """With a mesh: the batch axis of each of the training state's hidden-state
+        leaves and of each trace leaf (``None``: the leaf has none and is replicated),
+        found by comparing their shapes at two batch sizes."""
+        if self._placement is None:
+            return None
+        module, program = compiled.module, compiled.program
+        others = _other_positions(module)
+        batch = module.input_vars[0].aval.shape[0]
+
+        def states_at(size):
+            with _states_at(self._model, size):
+                leaves = module.state_leaves()
+            return [jax.ShapeDtypeStruct(np.shape(leaves[n]), jnp.result_type(leaves[n])) for n in others]
+
+        traces = batch_axes(lambda size: jax.eval_shape(lambda: program.init_traces(size)), batch)
+        return batch_axes(states_at, batch), traces
 
     def _reset_of(self, compiled) -> Reset:
         """The model's reset at the batch size of ``compiled``, traced once per program."""
@@ -578,6 +637,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
         entry = self._batch_programs.get(key)
         if entry is None:
+            if isinstance(xs, jax.Array) and not xs.is_fully_addressable:  # ProcessLocal: traced at its shapes
+                xs, ys, weight = (np.zeros(a.shape, a.dtype) for a in (xs, ys, weight))
             compiled = self._compiled(xs, ys, weight)
             step = self._steps.get(id(compiled.program))
             if step is None:
@@ -611,6 +672,22 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """One jitted training step from the training state to the next; returns the
         batch's loss, metrics and finite flag as device values (no host sync, nothing
         written into the model)."""
+        compiled, step, args, options = self._step_call(xs, ys, weight, metric_weight)
+        self._state, result = step(*args, **options)
+        self._sync.pending = True
+        self._sync.module = compiled.module
+        self.last_gradients, self.last_trace_norms = result.gradients, result.trace_norms
+        return result.loss, result.metrics, result.finite
+
+    def _step_call(self, xs, ys, weight, metric_weight=None, stream: bool | None = None):
+        """``(compiled, jitted step, args, keyword args)`` of the training step on this
+        batch from the training state (the optimizer state is created on the first
+        batch; with a mesh, everything is placed on it). ``stream`` False: start new
+        sequences even in a stateful trainer."""
+        if self._local_batches:  # this process's rows: the global batch from every process's
+            metric_weight = None if metric_weight is weight else metric_weight
+            xs, ys, weight = (self._placement.from_local(a, 1) for a in (xs, ys, weight))
+            metric_weight = weight if metric_weight is None else self._placement.from_local(metric_weight, 1)
         compiled, step, reset = self._batch_program(xs, ys, weight)
         state = self._state
         if self._model_touched or state is None or state.states is None:
@@ -624,7 +701,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             state = self._state
         batch = xs.shape[1]
         start = True
-        if self.stateful:  # the states go on from the last batch; the traces too
+        if self.stateful and stream is not False:  # the states go on from the last batch; the traces too
             start = not self._continue_stream(batch)
             if state.traces is None:
                 state = state._replace(traces=compiled.program.init_traces(batch))
@@ -636,12 +713,49 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             state = state._replace(states=states)
             if reset.values is None:  # a reset that draws random numbers: the model's code, every batch
                 fresh = eager_reset(self._model, compiled.module, reset, batch)
-        self._state, result = step(state, [xs], ys, weight, None if metric_weight is weight else metric_weight,
-                                   fresh=fresh, start=start)
-        self._sync.pending = True
-        self._sync.module = compiled.module
-        self.last_gradients, self.last_trace_norms = result.gradients, result.trace_norms
-        return result.loss, result.metrics, result.finite
+        metric_weight = None if metric_weight is weight else metric_weight
+        if self._placement is not None:  # on the mesh: batches, states and traces split, the rest replicated
+            xs, ys, weight, metric_weight, state, fresh = self._placed(compiled, state, xs, ys, weight,
+                                                                       metric_weight, fresh, reset)
+        return compiled, step, (state, [xs], ys, weight, metric_weight), dict(fresh=fresh, start=start)
+
+    def step_memory(self, x: Any, y: Any = None, batch_size: int = 32) -> dict[str, int]:
+        """XLA's memory analysis of the compiled training step on the first batch of
+        ``x`` (arrays, batch-major), in bytes **per device**: ``temp`` (scratch,
+        eligibility traces of a non-stateful trainer included), ``argument`` (the
+        training state and the batch), ``output``, ``generated_code``. Nothing is
+        trained; with a mesh the step is the sharded one (docs/scaling.md)."""
+        check_count(batch_size, "batch_size")
+        batch = Batch(*(np.asarray(a)[:batch_size] if a is not None else None for a in (x, y)))
+        xs, ys, weight = self._time_major(batch, False)
+        self._ensure_states(xs.shape[1])
+        self._sync.refresh()
+        self._model_touched = True
+        _, step, args, options = self._step_call(xs, ys, weight, weight, stream=False)
+        analysis = step.lower(*args, **options).compile().memory_analysis()
+        return {"temp": int(analysis.temp_size_in_bytes), "argument": int(analysis.argument_size_in_bytes),
+                "output": int(analysis.output_size_in_bytes),
+                "generated_code": int(analysis.generated_code_size_in_bytes)}
+
+    def _placed(self, compiled, state, xs, ys, weight, metric_weight, fresh, reset):
+        """A batch and the training state on the mesh (leaves already there stay)."""
+        placement = self._placement
+        placement.check_batch(xs.shape[1], f"a batch of {xs.shape[1]} sequences")
+        state_axes, trace_axes = self._batch_axes_of(compiled)
+        state = TrainState(placement.replicate(state.weights), placement.replicate(state.opt_state),
+                           placement.put_tree(state.states, state_axes),
+                           None if state.traces is None else placement.put_tree(state.traces, trace_axes),
+                           placement.replicate(state.rates))
+        if fresh is not None:
+            fresh = [placement.put(v, state_axes[n]) for v, n in zip(fresh, reset.positions)]
+        put = lambda a: placement.put(a, 1)  # noqa: E731  time-major: the batch is axis 1
+        return put(xs), put(ys), put(weight), None if metric_weight is None else put(metric_weight), state, fresh
+
+    def _batch_axes_of(self, compiled) -> tuple:
+        entry = self._axes.get(id(compiled.program))
+        if entry is None:
+            entry = self._axes[id(compiled.program)] = (compiled.program, self._batch_axes(compiled))
+        return entry[1]
 
     def _one_batch(self, x: Any, y: Any, sample_weight: Any, class_weight: Any, name: str):
         """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major."""
