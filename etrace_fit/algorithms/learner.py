@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from ..compiler import ETraceGraph, compile_graph, format_path
 from ..compiler.module_info import module_info
+from ..distributed import Placement, batch_axes, resolve_mesh
 from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
 from .base import traced_pairs
 from .bptt import build_bptt
@@ -150,6 +151,7 @@ class Learner:
     memory_budget: int | None
     step_loss: Callable | None = None
     step_fn: Callable | None = None
+    placement: Any = None  # an etrace_fit.distributed.Placement: init/step split the batch over a mesh
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _notes: dict = dataclasses.field(default_factory=dict, repr=False)
 
@@ -251,7 +253,38 @@ class Learner:
         weights = {format_path(path): param.value for path, param in self.model.states(brainstate.ParamState).items()}
         traces = [] if self.plan is None else [rule.init_traces(pair, batch_size, self.plan.trace_dtype)
                                                for pair, rule in zip(self.plan.pairs, self.plan.rules)]
-        return LearnerState(weights, states, traces, jnp.zeros((), jnp.int32))
+        state = LearnerState(weights, states, traces, jnp.zeros((), jnp.int32))
+        return state if self.placement is None else self._placed(state, batch_size)
+
+    def _batch_axes(self, batch_size: int) -> tuple:
+        """The batch axis of each hidden-state leaf and each trace leaf (None: none)."""
+        key = ("axes", batch_size)
+        if key not in self._notes:
+            module = self.graph.module
+            weights_at = set(module.weight_leaf_positions)
+
+            def states_at(size):
+                with _states_at(self.model, size):
+                    leaves = module.state_leaves()
+                return [jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))
+                        for n, leaf in enumerate(leaves) if n not in weights_at]
+
+            def traces_at(size):
+                if self.plan is None:
+                    return []
+                return jax.eval_shape(lambda: [rule.init_traces(pair, size, self.plan.trace_dtype)
+                                               for pair, rule in zip(self.plan.pairs, self.plan.rules)])
+
+            self._notes[key] = (batch_axes(states_at, batch_size), batch_axes(traces_at, batch_size))
+        return self._notes[key]
+
+    def _placed(self, state: LearnerState, batch_size: int) -> LearnerState:
+        """``state`` on the mesh: states and traces split over the batch, the rest replicated."""
+        placement = self.placement
+        placement.check_batch(batch_size, f"learner: a batch of {batch_size} sequences")
+        state_axes, trace_axes = self._batch_axes(batch_size)
+        return LearnerState(placement.replicate(state.weights), placement.put_tree(state.states, state_axes),
+                            placement.put_tree(state.traces, trace_axes), placement.replicate(state.t))
 
     def step(self, state: LearnerState, xs: Any, targets: Any, *, active: Any = None
              ) -> tuple[dict, jax.Array, LearnerState]:
@@ -270,6 +303,11 @@ class Learner:
         if batch != made_for:
             raise ShapeError(f"learner.step: xs has {batch} sequences per step but the state was made for {made_for} "
                              f"(learner.init({made_for})); xs is time-major (T, B, ...)")
+        if self.placement is not None:  # the batch (time-major: axis 1) and the state on the mesh
+            state = self._placed(state, batch)
+            xs = jax.tree.map(lambda a: self.placement.put(a, 1), xs)
+            targets = jax.tree.map(lambda a: self.placement.put(a, 1 if jnp.ndim(a) > 1 and jnp.shape(a)[1] == batch
+                                                                else None), targets)
         with _states_at(self.model, batch):
             compiled = self.compiled(xs, targets)
         run = compiled.updates.get("stream")
@@ -348,6 +386,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     plan_batch: int | None = None,
     warn: bool = True,
     step_fn: Callable[..., Any] | None = None,
+    mesh: Any = None,
 ) -> Learner:
     """Compile ``model`` for online learning: trace one step, plan a rule per weight.
 
@@ -367,6 +406,9 @@ def compile(  # noqa: A001 - the public name, as ef.compile
             output, read from its layers after the step, for a loss on hidden activity
             (``lambda x: (model(x), model.layers[0].spikes())``; ``step_loss`` then
             receives that tuple). States keep their paths in ``model``.
+        mesh: as ``Trainer(mesh=...)`` (docs/scaling.md): :meth:`Learner.init` and
+            :meth:`Learner.step` split the batch, hidden states and traces over the
+            mesh's ``"batch"`` axis and replicate the weights.
 
     Returns:
         a :class:`Learner`; ``print(learner.report())`` shows the plan.
@@ -377,6 +419,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         grads, losses = learner.grad(xs, ys)
     """
     check_algo(algo)
+    mesh = resolve_mesh(mesh)
     alpha = resolve_decay(decay, rank)
     memory_budget = parse_bytes(memory_budget)
     if trace_dtype is not None:
@@ -396,7 +439,8 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         if warn:
             warn_approximations(plan, stacklevel=3)
     return Learner(model=model, graph=graph, plan=plan, algo=algo, alpha=alpha, trace_dtype=trace_dtype,
-                   memory_budget=memory_budget, step_loss=step_loss, step_fn=step_fn)
+                   memory_budget=memory_budget, step_loss=step_loss, step_fn=step_fn,
+                   placement=None if mesh is None else Placement(mesh))
 
 
 def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 
 from ..algorithms import gradient_fidelity
+from ..algorithms.hybrid import format_bytes
 from ..algorithms.learner import compile as compile_learner
 from ..compiler import format_path
 from ..errors import ApproximationWarning, ConfigError, ShapeError
@@ -178,4 +179,14 @@ class Dashboards:
         gradients are approximate (available once ``fit`` has seen a batch)."""
         if self.learner is None:
             raise ConfigError("the model is compiled on the first training batch; call fit first")
-        return self.learner.report()
+        text = self.learner.report()
+        if self._placement is not None:
+            devices = self._placement.size
+            line = (f"data parallel over {devices} devices ('batch' axis): each device holds batch / {devices} "
+                    "samples' hidden states and traces")
+            if self.learner.plan is not None and self.batch_size:
+                local = self.batch_size // devices
+                line += (f"; at batch {self.batch_size}: {local} per device, traces "
+                         f"{format_bytes(self.learner.plan.bytes_per_sample() * local)} per device")
+            text += "\n" + line
+        return text

@@ -132,6 +132,8 @@ def memory():
         model = ef.Sequential(layers.GRUCell(5, 64), layers.Linear(64, 3))
         trainer = ef.Trainer(model, algo="d_rtrl", optimizer="sgd", mesh=mesh, loss_on="all")
         out[str(mesh)] = trainer.step_memory(x, y, batch_size=32)
+        trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        out[f"report {mesh}"] = trainer.report().splitlines()[-1]
     return out
 
 
@@ -215,6 +217,34 @@ def cli():
     return out
 
 
+def learner():
+    """ef.compile(..., mesh=4): init and step on the mesh give the one-device gradients."""
+    x, y = data(n=8, steps=10)
+    xs = np.swapaxes(x, 0, 1)
+    targets = np.broadcast_to(np.eye(3)[y], (10, 8, 3))
+
+    def loss(out, target):
+        return ((out - target) ** 2).sum()
+
+    grads = {}
+    for mesh in (None, 4):
+        brainstate.random.seed(0)
+        model = gru()
+        brainstate.nn.init_all_states(model, batch_size=8)
+        learner = ef.compile(model, xs[0], loss, algo="d_rtrl", mesh=mesh)
+        state = learner.init(8)
+        total = None
+        for chunk in (slice(0, 5), slice(5, 10)):  # a stream in two chunks
+            g, _, state = learner.step(state, xs[chunk], targets[chunk])
+            total = g if total is None else jax.tree.map(np.add, total, g)
+        grads[mesh] = {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+                       jax.tree_util.tree_flatten_with_path(total)[0]}
+        if mesh:
+            sharded = [len(leaf.sharding.device_set) for leaf in jax.tree.leaves(state.traces)]
+    worst = max(float(np.max(np.abs(grads[4][k] - grads[None][k]))) for k in grads[None])
+    return {"grads": worst, "trace_devices": sharded}
+
+
 def docs():
     """docs/scaling.md's code, run here on 4 devices (the docs test runs it on one)."""
     import pathlib
@@ -230,6 +260,6 @@ def docs():
 
 if __name__ == "__main__":
     brainstate.environ.set(precision=64, dt=1.0)
-    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli", "docs"]
+    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli", "docs", "learner"]
     results = {part: globals()[part]() for part in parts}
     print(json.dumps(results))

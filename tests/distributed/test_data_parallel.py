@@ -73,6 +73,9 @@ def test_compiled_step_needs_about_a_quarter_of_the_memory_per_device(runs):
     one, four = runs["memory"]["None"], runs["memory"]["4"]
     # D-RTRL traces dominate the scratch memory; the replicated weights and gradients do not split
     assert four["temp"] < 0.4 * one["temp"], (one, four)
+    report = runs["memory"]["report 4"]
+    assert report.startswith("data parallel over 4 devices") and "at batch 32: 8 per device" in report
+    assert "data parallel" not in runs["memory"]["report None"]
 
 
 @pytest.mark.parametrize("direction", ["None->4", "4->None"])
@@ -106,6 +109,11 @@ def test_the_command_line_trains_on_the_mesh_and_refuses_a_batch_that_does_not_s
     assert cli["--devices 4"]["devices"] == 4 and cli["--mesh auto"]["devices"] == 4
     assert cli["indivisible"]["status"] == 2
     assert "batch_size 10 does not split evenly over the 4 devices" in cli["indivisible"]["stderr"]
+
+
+def test_the_learner_streams_on_four_devices_with_the_one_device_gradients(runs):
+    assert runs["learner"]["grads"] < 1e-10
+    assert runs["learner"]["trace_devices"] and set(runs["learner"]["trace_devices"]) == {4}
 
 
 def test_the_scaling_page_runs_on_four_devices(runs):
