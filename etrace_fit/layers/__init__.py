@@ -9,11 +9,19 @@ from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, VanillaRNNCell
 from .sequential import Sequential
 from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant
-from .spiking import ALIF, LIF, RecurrentALIF, RecurrentLIF
+from .lru import LRU
+from .spiking import ALIF, IF, LIF, RecurrentALIF, RecurrentLIF
+from .synapses import STP, AlphaSynapse, DualExpSynapse, ExpSynapse
 from .surrogate import FastSigmoid, Sigmoid, Surrogate, Triangle, get_surrogate
 
 __all__ = [
     "ALIF",
+    "AlphaSynapse",
+    "DualExpSynapse",
+    "ExpSynapse",
+    "IF",
+    "LRU",
+    "STP",
     "Conv1d",
     "Conv2d",
     "FastSigmoid",

@@ -18,7 +18,7 @@ from .base import Neuron, check_trailing_shape, decay, time_constant
 from .linear import Linear
 from .surrogate import Surrogate, get_surrogate
 
-__all__ = ["ALIF", "LIF", "RecurrentALIF", "RecurrentLIF", "check_membrane_args", "membrane_step"]
+__all__ = ["ALIF", "IF", "LIF", "RecurrentALIF", "RecurrentLIF", "check_membrane_args", "membrane_step"]
 
 _RESETS = ("soft", "hard")
 
@@ -171,6 +171,36 @@ class LIF(_SpikingBase):
         ``gradient`` (the surrogate gradient of the step's output, for a loss on them)."""
         z = _gated(self.surrogate(self.V.value - self.v_threshold), self._open())
         return z if gradient else jax.lax.stop_gradient(z)
+
+
+class IF(LIF):
+    """Integrate-and-fire neurons: :class:`LIF` without leak (``α = 1``)::
+
+        V^t = V_r + x^t,   z^t = H(V^t − v_threshold)
+
+    with the reset ``V_r`` of the last step's spike as in :class:`LIF` (soft or hard).
+    Arguments as in :class:`LIF`, without ``tau``; state ``V``.
+
+    Example::
+
+        brainstate.environ.set(dt=1.0)
+        neurons = IF(100); brainstate.nn.init_all_states(neurons, batch_size=8)
+        z = neurons(jnp.full((8, 100), 0.3))   # fires every fourth step
+    """
+
+    def __init__(self, size: int, *, v_threshold: float = 1.0, v_reset: float = 0.0, reset: str = "soft",
+                 surrogate: str | Surrogate = "triangle", surrogate_scale: float | None = None,
+                 detach_reset: bool = False, state_init: Any = None, refractory: int = 0, name: str | None = None):
+        super().__init__(size, v_threshold=v_threshold, v_reset=v_reset, reset=reset, surrogate=surrogate,
+                         surrogate_scale=surrogate_scale, detach_reset=detach_reset, state_init=state_init,
+                         refractory=refractory, name=name)
+        self.tau = float("inf")  # no leak
+
+    def update(self, x: Any) -> jax.Array:
+        check_trailing_shape(self, x, self.shape)
+        gates = self._gates(self.V.value - self.v_threshold)
+        self.V.value, z, _ = self._membrane(self.V.value, x, 1.0, self.v_threshold, self.v_threshold, gates)
+        return z
 
 
 class ALIF(_SpikingBase):
