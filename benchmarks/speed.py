@@ -1,13 +1,15 @@
 """Speed and memory of the online rules against BPTT over a grid of sizes, interleaved in one process.
 
-    python benchmarks/speed.py [--models gru rlif] [--hidden 128 512] [--batch 16 64] [--lengths 200 2000]
+    python benchmarks/speed.py [--models gru rlif lif] [--hidden 128 512] [--batch 16 64] [--lengths 200 2000]
         [--loss all last] [--repeats 5] [--max-gib 8] [--quick] [--write-docs [--out docs/performance.md]]
         [--json OUT.json]
 
 Models (I=64 inputs, O=10 outputs, float32): "gru" = ``GRUCell(64, H) → Linear(H, 10)``
 on Gaussian inputs; "rlif" = ``RecurrentLIF(64, H, tau=10) → Linear(H, 10)`` on
 Bernoulli(0.2) spike inputs, weights N(0, 1/√64) (input rows) and N(0, 1/√H) (recurrent
-rows), which fire at about 10–12 % (the mean rate is printed per configuration). The loss is a
+rows), which fire at about 10–12 % (the mean rate is printed per configuration); "lif" =
+``Linear(64, H) → LIF(H, tau=10) → Linear(H, 10)``, the feed-forward spiking net of the
+issue's targets, on the same spike inputs with input weights N(0, 1.3/√64). The loss is a
 weighted squared error per step: "all" weighs every step 1/T, "last" only the last
 step; with "last" the online rules get ``active="last"``, as the Trainer passes for
 ``loss_on="last"``: the steps without loss skip their pull-back, and the chunks without
@@ -54,8 +56,10 @@ RULES = ("bptt", "d_rtrl", "esd_rtrl")
 MiB, GiB = 2 ** 20, 2 ** 30
 # BPTT keeps about this many floats per step, sample and unit for its backward pass
 # (measured: 12.2 for the GRU, 5.7 for the recurrent LIF; rounded up for the estimate).
-BPTT_FLOATS = {"gru": 16, "rlif": 8}
-GATES = {"gru": 3, "rlif": 1}  # weights on [x, h] with a D-RTRL trace (B, I+H+1, H) each
+BPTT_FLOATS = {"gru": 16, "rlif": 8, "lif": 8}
+GATES = {"gru": 3, "rlif": 1, "lif": 1}  # weights on [x, h] with a D-RTRL trace (B, I+H+1, H) each
+MODELS = ("gru", "rlif", "lif")
+SPIKING = ("rlif", "lif")
 CHUNK_BUFFERS = 64 * MiB        # the online program's chunk buffers may take this much (online.py)
 
 # The issue's speed targets at H=128, B=16, T=200: (rule, loss, bound on wall time / BPTT's),
@@ -82,18 +86,22 @@ def build(name: str, hidden: int, batch: int):
     rng = np.random.default_rng(0)
     if name == "gru":
         cell = layers.GRUCell(I, hidden)
-    else:  # RecurrentLIF's one weight acts on [x, z_prev]: input rows, then recurrent rows
+    elif name == "rlif":  # RecurrentLIF's one weight acts on [x, z_prev]: input rows, then recurrent rows
         w = np.concatenate([rng.normal(0, 1 / np.sqrt(I), (I, hidden)),
                             rng.normal(0, 1 / np.sqrt(hidden), (hidden, hidden))]).astype(np.float32)
         cell = layers.RecurrentLIF(I, hidden, tau=10.0, w_init=w)
-    model = ef.Sequential(cell, layers.Linear(hidden, O))
+    if name == "lif":
+        w = (rng.normal(0, 1.3 / np.sqrt(I), (I, hidden))).astype(np.float32)
+        model = ef.Sequential(layers.Linear(I, hidden, w_init=w), layers.LIF(hidden, tau=10.0), layers.Linear(hidden, O))
+    else:
+        model = ef.Sequential(cell, layers.Linear(hidden, O))
     brainstate.nn.init_all_states(model, batch_size=batch)
     return model
 
 
 def data(name: str, batch: int, length: int, loss: str):
     rng = np.random.default_rng(1)
-    if name == "rlif":
+    if name in SPIKING:
         xs = jnp.asarray(rng.random((length, batch, I)) < 0.2, jnp.float32)
     else:
         xs = jnp.asarray(rng.normal(size=(length, batch, I)), jnp.float32)
@@ -106,9 +114,15 @@ def data(name: str, batch: int, length: int, loss: str):
 
 
 def firing_rate(model, xs, batch: int, steps: int = 100) -> float:
-    """Mean spike rate of the recurrent LIF layer over the first ``steps`` steps (eager)."""
-    cell = model[0]
-    rate = float(np.mean([float(jnp.mean(cell(xs[t]))) for t in range(min(steps, xs.shape[0]))]))
+    """Mean spike rate of the (recurrent) LIF layer over the first ``steps`` steps (eager)."""
+    layers_ = list(model)[:-1]
+
+    def spikes(x):
+        for layer in layers_:
+            x = layer(x)
+        return x
+
+    rate = float(np.mean([float(jnp.mean(spikes(xs[t]))) for t in range(min(steps, xs.shape[0]))]))
     brainstate.nn.init_all_states(model, batch_size=batch)  # start the measured sequence from rest
     return rate
 
@@ -150,7 +164,7 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
         return {**config, "skipped": f"would need {estimate / GiB:.1f} GiB"}
     model = build(name, hidden, batch)
     xs, ys = data(name, batch, length, loss)
-    if name == "rlif":
+    if name in SPIKING:
         config["firing_rate"] = firing_rate(model, xs, batch)
         log(f"  {label}: mean firing rate {config['firing_rate']:.1%}")
     programs = {rule: compile_rule(model, rule, xs, ys, loss) for rule in RULES}
@@ -189,7 +203,7 @@ def find(results, **config):
 
 def targets_table(results) -> list[str]:
     lines = ["| target | model | measured | cpu ratio | result |", "|---|---|---|---|---|"]
-    for rule, loss, bound, name in [(*target, name) for target in SPEED_TARGETS for name in ("gru", "rlif")]:
+    for rule, loss, bound, name in [(*target, name) for target in SPEED_TARGETS for name in MODELS]:
         title = f"{LABELS[rule]} ≤ {bound}× BPTT (loss {loss})"
         entry = find(results, model=name, H=128, B=16, T=200, loss=loss)
         if entry is None:
@@ -199,7 +213,7 @@ def targets_table(results) -> list[str]:
         verdict = "PASS" if r["wall_ratio"] <= bound else "MISS"
         lines.append(f"| {title} | {name} | {r['wall_ratio']:.2f} (wall) | {r['cpu_ratio']:.2f} | {verdict} |")
     notes = []
-    for name in ("gru", "rlif"):  # temp memory flat in T for the online rules; BPTT's for contrast
+    for name in MODELS:  # temp memory flat in T for the online rules; BPTT's for contrast
         short, long = (find(results, model=name, H=128, B=16, T=t, loss="all") for t in (200, 2000))
         for rule in RULES:
             title = (f"{LABELS[rule]} temp T=2000 ≤ 1.05× T=200" if rule != "bptt"
@@ -236,7 +250,7 @@ def model_table(results, name: str) -> list[str]:
     rates = [f"H={e['H']} B={e['B']} T={e['T']} {e['loss']}: {e['firing_rate']:.1%}"
              for e in results if e["model"] == name and "firing_rate" in e]
     if rates:
-        lines += ["", "Mean firing rate of the recurrent LIF layer (first 100 steps): " + "; ".join(rates) + "."]
+        lines += ["", "Mean firing rate of the LIF layer (first 100 steps): " + "; ".join(rates) + "."]
     return lines
 
 
@@ -328,7 +342,7 @@ def markdown(results, args, command: str, peak_rss: int, figure: str) -> str:
         "threads) and wall time (`time.perf_counter`), and ratios rule / BPTT. \"temp\" is XLA's "
         "`compiled.memory_analysis().temp_size_in_bytes`. Models: GRU = `GRUCell(64, H) → Linear(H, 10)` on "
         "Gaussian inputs; RLIF = `RecurrentLIF(64, H, tau=10) → Linear(H, 10)` on Bernoulli(0.2) spike inputs; "
-        "float32. "
+        "LIF = `Linear(64, H) → LIF(H, tau=10) → Linear(H, 10)` (feed-forward, the same inputs); float32. "
         "Loss \"all\": squared error at every step, weight 1/T; \"last\": the last step only (the online rules "
         "get `active=\"last\"`, as the Trainer passes for `loss_on=\"last\"`: the other steps skip their pull-back "
         "and a chunk without any loss only advances the traces). \"chunk\" is the online program's steps per chunk.",
@@ -354,7 +368,7 @@ def markdown(results, args, command: str, peak_rss: int, figure: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gru", "rlif"], choices=["gru", "rlif"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--lengths", type=int, nargs="+", default=[200, 2000])

@@ -441,7 +441,9 @@ def build_online(
             final = length % size or size
             carry, head = run_steps(weights, carry, _slice(inputs, 0, length - final), size, collect,
                                     pullback=False)
-            carry, last = run_chunk(weights, carry, _slice(inputs, length - final, final), collect)
+            # The final chunk has the loss (at its last step): no chunk-level branch,
+            # whose other arm would be a third copy of the chunk body to compile.
+            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), collect, None)
             out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), head, last)
         else:
             carry, out = run_steps(weights, carry, inputs, size, collect)
