@@ -40,6 +40,8 @@ def is_elementwise(eqn: Any) -> bool:
         return info.transparent
     if eqn.primitive.name == "custom_jvp_call":
         return all(is_elementwise(inner) for inner in eqn.params["call_jaxpr"].jaxpr.eqns)
+    if _compat.is_nested_jit(eqn):
+        return all(is_elementwise(inner) for inner in _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)
     return eqn.primitive.name in _ELEMENTWISE
 
 

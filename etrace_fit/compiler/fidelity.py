@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from .. import _compat
 from ..ops import etp_op_info
+from ._dataflow import is_boundary, is_elementwise
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
 from .hidden_groups import HiddenGroup
 from .module_info import ModuleInfo
@@ -23,6 +24,7 @@ __all__ = ["approximations"]
 DENSE_RECURRENCE = "dense_recurrence"
 LATER_MEMORY = "later_memory"
 NON_ELEMENTWISE = "non_elementwise_group"
+MIXING_PATH = "mixing_path"
 UNTRACED_USE = "untraced_use"
 
 
@@ -76,12 +78,44 @@ def approximations(
             records.append(_record(relation, NON_ELEMENTWISE, (
                 f"the units of {groups[mixing[0]].name}, which {name} drives, mix within a step through an op "
                 f"that is not an ETP op: the traces keep the per-unit part of the Jacobian only")))
+        mixers = _mixing_ops(module, relation.eqn_index, {state_of[p].out_vars[0] for g in own
+                                                          for p in groups[g].paths})
+        if mixers:
+            records.append(_record(relation, MIXING_PATH, (
+                f"{name}'s output reaches {', '.join(groups[g].name for g in sorted(own))} through "
+                f"{', '.join(mixers)}, which mixes units (a normalisation, pooling, a reduction): the traces "
+                f"keep each unit's own path only")))
         plain = weight_uses.get(relation.eqn_index, ())
         if plain:
             records.append(_record(relation, UNTRACED_USE, (
                 f"{name} is also used by plain jnp ops ({', '.join(plain)}) that reach a hidden state: "
                 f"that use gets its one-step gradient, not a trace")))
     return tuple(records)
+
+
+def _mixing_ops(module: ModuleInfo, start: int, targets: set) -> list[str]:
+    """The primitives on a path from equation ``start``'s output to ``targets`` (new
+    hidden values) that mix units (not elementwise), without crossing another
+    trainable ETP op (those paths are classified apart)."""
+    eqns = module.jaxpr.eqns
+    forward = set(eqns[start].outvars)
+    on_path = []
+    for index in range(start + 1, len(eqns)):
+        eqn = eqns[index]
+        if is_boundary(eqn) or not any(not isinstance(v, _compat.Literal) and v in forward for v in eqn.invars):
+            continue
+        forward.update(eqn.outvars)
+        on_path.append(index)
+    backward = {v for v in targets if not isinstance(v, _compat.Literal)}
+    mixers = []
+    for index in reversed(on_path):
+        eqn = eqns[index]
+        if not any(v in backward for v in eqn.outvars):
+            continue
+        backward.update(v for v in eqn.invars if not isinstance(v, _compat.Literal))
+        if not is_elementwise(eqn) and eqn.primitive.name not in mixers:
+            mixers.append(eqn.primitive.name)
+    return mixers[::-1]
 
 
 def _record(relation: Relation, reason: str, message: str) -> Diagnostic:

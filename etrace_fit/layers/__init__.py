@@ -4,9 +4,11 @@
 Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics.
 """
 
+from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, LayerNorm, LeakyReLU, MaxPool1d, MaxPool2d, ReLU,
+                    RMSNorm, SiLU, Softplus, Tanh)
 from .linear import Conv1d, Conv2d, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
-from .rnn import GRUCell, LSTMCell, VanillaRNNCell
+from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, VanillaRNNCell
 from .sequential import Sequential
 from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant
 from .lru import LRU
@@ -16,6 +18,23 @@ from .surrogate import FastSigmoid, Sigmoid, Surrogate, Triangle, get_surrogate
 
 __all__ = [
     "ALIF",
+    "Activation",
+    "AvgPool1d",
+    "AvgPool2d",
+    "GELU",
+    "LayerNorm",
+    "LeakyReLU",
+    "MGUCell",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MinGRUCell",
+    "MinLSTMCell",
+    "MinimalRNNCell",
+    "RMSNorm",
+    "ReLU",
+    "SiLU",
+    "Softplus",
+    "Tanh",
     "AlphaSynapse",
     "DualExpSynapse",
     "ExpSynapse",

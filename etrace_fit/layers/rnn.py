@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from .base import check_last_axis, make_state
 from .linear import Linear
 
-__all__ = ["GRUCell", "LSTMCell", "VanillaRNNCell"]
+__all__ = ["GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "VanillaRNNCell"]
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jnp.tanh,
@@ -168,4 +168,108 @@ class LSTMCell(_Cell):
         o = jax.nn.sigmoid(self.W_o(xh))
         self.c.value = f * self.c.value + i * g
         self.h.value = o * jnp.tanh(self.c.value)
+        return self.h.value
+
+
+class MinGRUCell(_Cell):
+    """minGRU (Feng et al. 2024, "Were RNNs all we needed?"), sequential form::
+
+        z = σ(x W_z + b_z),   h̃ = x W_h + b_h
+        h^t = (1 − z) ⊙ h^{t-1} + z ⊙ h̃
+
+    The gates read the input only, so the recurrence is elementwise: D-RTRL gives
+    BPTT's gradient for both weights. Shapes: ``x: (B, in_size)`` → ``h: (B,
+    hidden_size)``; ``W_z, W_h: (in_size, hidden_size)``.
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        self.W_z = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.in_features)
+        z = jax.nn.sigmoid(self.W_z(x))
+        self.h.value = (1.0 - z) * self.h.value + z * self.W_h(x)
+        return self.h.value
+
+
+class MinLSTMCell(_Cell):
+    """minLSTM (Feng et al. 2024), sequential form with normalised gates::
+
+        f = σ(x W_f + b_f),   i = σ(x W_i + b_i),   h̃ = x W_h + b_h
+        h^t = f / (f + i) ⊙ h^{t-1} + i / (f + i) ⊙ h̃
+
+    Elementwise in ``h``: D-RTRL is exact for every weight. ``b_f`` starts at
+    ``forget_bias``. Shapes as :class:`MinGRUCell`.
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 forget_bias: float = 1.0, state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        self.W_f = Linear(in_size, hidden_size, w_init=w_init,
+                          b_init=brainstate.nn.init.Constant(forget_bias) if b_init is None else b_init)
+        self.W_i = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.in_features)
+        f, i = jax.nn.sigmoid(self.W_f(x)), jax.nn.sigmoid(self.W_i(x))
+        self.h.value = (f * self.h.value + i * self.W_h(x)) / (f + i)
+        return self.h.value
+
+
+class MGUCell(_Cell):
+    """Minimal gated unit (Zhou et al. 2016): one forget gate::
+
+        f = σ([x, h] W_f + b_f)
+        h̃ = tanh([x, f ⊙ h] W_h + b_h)
+        h^t = (1 − f) ⊙ h^{t-1} + f ⊙ h̃
+
+    Dense recurrence (as GRU): online gradients are approximate (``W_f`` also reaches
+    ``h`` through ``W_h``'s input). Shapes: each ``W_*`` is ``(in_size + hidden_size,
+    hidden_size)``.
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        total = in_size + hidden_size
+        self.W_f = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        h = self.h.value
+        f = jax.nn.sigmoid(self.W_f(self._gate(x, h)))
+        candidate = jnp.tanh(self.W_h(jnp.concatenate([x, f * h], axis=-1)))
+        self.h.value = (1.0 - f) * h + f * candidate
+        return self.h.value
+
+
+class MinimalRNNCell(_Cell):
+    """MinimalRNN (Chen 2017): the input is mapped once, a gate mixes it in::
+
+        z = tanh(x W_x + b_x)
+        u = σ([h, z] W_u + b_u)
+        h^t = u ⊙ h^{t-1} + (1 − u) ⊙ z
+
+    ``W_x`` reaches ``h`` elementwise (through ``z``) and ``W_u`` through the gate; the
+    gate reads ``h`` densely, so online gradients are approximate (close, as the
+    recurrence is a convex mix). Shapes: ``W_x: (in_size, hidden_size)``, ``W_u:
+    (2·hidden_size, hidden_size)``.
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        self.W_x = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_u = Linear(2 * hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.in_features)
+        h = self.h.value
+        z = jnp.tanh(self.W_x(x))
+        u = jax.nn.sigmoid(self.W_u(jnp.concatenate([h, z], axis=-1)))
+        self.h.value = u * h + (1.0 - u) * z
         return self.h.value

@@ -1,0 +1,227 @@
+"""Stateless layers without weights or with per-feature parameters: activations,
+pooling, and normalisation.
+
+Activations and pooling have no parameters. The normalisation layers' scale and bias
+are per-feature parameters read through the elementwise ETP op (``layers.read``), so
+the compiler sees them and every rule trains them. Normalisation and pooling mix units:
+a weight whose output passes through them before reaching a neuron's state is related
+to it by the compiler as a non-elementwise path (the compile report says how it is
+traced); put them on inputs, or after the recurrent layers, where that does not arise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError, ShapeError
+from .base import check_last_axis, describe, parameter, read
+
+__all__ = ["ACTIVATIONS", "Activation", "AvgPool1d", "AvgPool2d", "GELU", "LayerNorm", "LeakyReLU", "MaxPool1d",
+           "MaxPool2d", "RMSNorm", "ReLU", "SiLU", "Sigmoid", "Softplus", "Tanh"]
+
+#: The names :class:`Activation` takes (Keras' ``Activation("relu")``).
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "gelu": jax.nn.gelu, "silu": jax.nn.silu,
+    "swish": jax.nn.silu, "softplus": jax.nn.softplus, "elu": jax.nn.elu, "selu": jax.nn.selu,
+    "leaky_relu": jax.nn.leaky_relu, "softsign": jax.nn.soft_sign, "linear": lambda x: x,
+}
+
+
+# ------------------------------------------------------------------ activations
+class Activation(brainstate.nn.Module):
+    """``y = fn(x)`` elementwise: ``fn`` a name of :data:`ACTIVATIONS` (``"relu"``,
+    ``"tanh"``, ``"sigmoid"``, ...) or a function of one array. The subclasses
+    (:class:`ReLU`, :class:`Tanh`, ...) fix it.
+
+    Example::
+
+        model = ef.Sequential(Linear(10, 32), Activation("relu"), Linear(32, 2))
+    """
+
+    fn: Callable[[jax.Array], jax.Array] = staticmethod(lambda x: x)
+
+    def __init__(self, fn: str | Callable[[jax.Array], jax.Array] | None = None, *, name: str | None = None):
+        super().__init__(name=name)
+        if isinstance(fn, str):
+            if fn not in ACTIVATIONS:
+                raise ConfigError(f"Activation: unknown activation {fn!r}; valid: {', '.join(ACTIVATIONS)}")
+            self._summary = fn
+            fn = ACTIVATIONS[fn]
+        if fn is not None:
+            if not callable(fn):
+                raise ConfigError(f"Activation: fn must be a name or a callable, got {type(fn).__name__}")
+            self.fn = fn
+
+    def update(self, x: Any) -> jax.Array:
+        return self.fn(x)
+
+
+class ReLU(Activation):
+    """``max(x, 0)``."""
+
+    fn = staticmethod(jax.nn.relu)
+
+
+class Tanh(Activation):
+    """``tanh(x)``."""
+
+    fn = staticmethod(jnp.tanh)
+
+
+class Sigmoid(Activation):
+    """``1 / (1 + exp(−x))``."""
+
+    fn = staticmethod(jax.nn.sigmoid)
+
+
+class GELU(Activation):
+    """Gaussian error linear unit (the tanh approximation, as ``jax.nn.gelu``)."""
+
+    fn = staticmethod(jax.nn.gelu)
+
+
+class SiLU(Activation):
+    """``x · σ(x)`` (swish)."""
+
+    fn = staticmethod(jax.nn.silu)
+
+
+class Softplus(Activation):
+    """``log(1 + exp(x))``."""
+
+    fn = staticmethod(jax.nn.softplus)
+
+
+class LeakyReLU(Activation):
+    """``x`` for ``x > 0``, else ``negative_slope · x``."""
+
+    def __init__(self, negative_slope: float = 0.01, *, name: str | None = None):
+        super().__init__(name=name)
+        self.negative_slope = negative_slope
+
+    def update(self, x: Any) -> jax.Array:
+        return jax.nn.leaky_relu(x, self.negative_slope)
+
+
+# ------------------------------------------------------------------ pooling
+def _tuple(value: int | Sequence[int], n: int, what: str, layer: str) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(values) != n or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ConfigError(f"{layer}: {what} must be a positive int or {n} of them, got {value!r}")
+    return values
+
+
+class _Pool(brainstate.nn.Module):
+    spatial: int = 1
+    kind: str = "avg"
+
+    def __init__(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                 padding: str = "VALID", *, name: str | None = None):
+        super().__init__(name=name)
+        label = type(self).__name__
+        self.kernel_size = _tuple(kernel_size, self.spatial, "kernel_size", label)
+        self.stride = self.kernel_size if stride is None else _tuple(stride, self.spatial, "stride", label)
+        if padding not in ("VALID", "SAME"):
+            raise ConfigError(f"{label}: padding must be 'VALID' or 'SAME', got {padding!r}")
+        self.padding = padding
+        self._summary = f"{self.kernel_size}"
+
+    def update(self, x: Any) -> jax.Array:
+        shape = tuple(jnp.shape(x))
+        if len(shape) < self.spatial + 1:
+            raise ShapeError(f"{describe(self)}: expected (B, {'L' if self.spatial == 1 else 'H, W'}, C) channels-last "
+                             f"input, got x.shape={shape}")
+        lead = len(shape) - self.spatial - 1
+        window = (1,) * lead + self.kernel_size + (1,)
+        strides = (1,) * lead + self.stride + (1,)
+        if self.kind == "max":
+            return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, window, strides, self.padding)
+        total = jax.lax.reduce_window(x, 0.0, jax.lax.add, window, strides, self.padding)
+        if self.padding == "VALID":
+            return total / math.prod(self.kernel_size)
+        counts = jax.lax.reduce_window(jnp.ones(shape[lead:], x.dtype), 0.0, jax.lax.add, window[lead:],
+                                       strides[lead:], self.padding)
+        return total / counts
+
+
+class AvgPool1d(_Pool):
+    """Average over windows of ``kernel_size`` steps along ``L``: ``(B, L, C) →
+    (B, L', C)`` (channels last, as :class:`Conv1d`); ``stride`` defaults to the
+    kernel size; ``padding`` ``"VALID"`` or ``"SAME"`` (averages over real entries)."""
+
+    spatial, kind = 1, "avg"
+
+
+class MaxPool1d(_Pool):
+    """Maximum over windows along ``L``: ``(B, L, C) → (B, L', C)``."""
+
+    spatial, kind = 1, "max"
+
+
+class AvgPool2d(_Pool):
+    """Average over ``kh × kw`` windows: ``(B, H, W, C) → (B, H', W', C)`` (NHWC, as
+    :class:`Conv2d`)."""
+
+    spatial, kind = 2, "avg"
+
+
+class MaxPool2d(_Pool):
+    """Maximum over ``kh × kw`` windows: ``(B, H, W, C) → (B, H', W', C)``. The
+    gradient flows to the largest entry of each window."""
+
+    spatial, kind = 2, "max"
+
+
+# ------------------------------------------------------------------ normalisation
+class _Norm(brainstate.nn.Module):
+    def __init__(self, size: int, eps: float, learn_scale: bool, learn_bias: bool, name: str | None):
+        super().__init__(name=name)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"{type(self).__name__}: size must be a positive int, got {size!r}")
+        if not eps > 0:
+            raise ConfigError(f"{type(self).__name__}({size}): eps must be positive, got {eps}")
+        self.features, self.eps = size, eps
+        self.in_size = self.out_size = (size,)
+        self._summary = f"{size}"
+        self.scale = parameter(self, 1.0, size, learn_scale, "scale")
+        self.bias = parameter(self, 0.0, size, learn_bias, "bias") if learn_bias is not None else None
+
+    def _affine(self, normed: jax.Array) -> jax.Array:
+        out = normed * read(self.scale)
+        return out if self.bias is None else out + read(self.bias)
+
+
+class LayerNorm(_Norm):
+    """``(x − mean) / √(var + eps) · scale + bias`` over the last axis (per sample and
+    step, so online rules see no coupling between samples). ``scale`` and ``bias`` are
+    per-feature ``ParamState``s read through the elementwise ETP op.
+
+    Shapes: ``x: (..., size)`` → same.
+    """
+
+    def __init__(self, size: int, *, eps: float = 1e-5, learn_scale: bool = True, learn_bias: bool = True,
+                 name: str | None = None):
+        super().__init__(size, eps, learn_scale, learn_bias, name)
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.features)
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        return self._affine((x - mean) * jax.lax.rsqrt(var + self.eps))
+
+
+class RMSNorm(_Norm):
+    """``x / √(mean(x²) + eps) · scale`` over the last axis (Zhang and Sennrich 2019);
+    no bias. Shapes: ``x: (..., size)`` → same."""
+
+    def __init__(self, size: int, *, eps: float = 1e-6, learn_scale: bool = True, name: str | None = None):
+        super().__init__(size, eps, learn_scale, None, name)
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.features)
+        return self._affine(x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps))
