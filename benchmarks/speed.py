@@ -312,6 +312,15 @@ READING = [
     "assumed the current-state signal, which issue 10 keeps only where it equals the previous-state one "
     "(not on dense recurrence).",
     "- BPTT's temp memory grows linearly with T; the online rules' does not (the memory rows of the targets).",
+    "- Why ES-D-RTRL misses 0.6× with the loss at every step, on the feed-forward LIF net too: at H = 128, "
+    "B = 16 the time is set by the number of kernels per step, not by arithmetic (a BPTT step of the LIF net "
+    "takes 25 µs). In the compiled programs BPTT runs 14 kernels per step forward and 14 backward; ES-D-RTRL "
+    "runs 19 per step for the forward, the pull-back and `D`, `Df`, plus 9 per step for the `ε_f` recursion "
+    "and the signal filter over the chunk: 28 against 28. A parallel prefix (`lax.associative_scan`) for the "
+    "two recursions cut that to about 21 kernels per step but ran slower (1.17× BPTT against 0.87×): each of "
+    "its rounds is a strided gather. Reaching 0.6× would take the trace recursion fused into the step's own "
+    "loop, which the split between step program and rule (one rule call per chunk, §5.9) rules out, or the "
+    "current-state signal with no pull-back, which §5.8 replaced because it is wrong on dense recurrence.",
 ]
 
 
