@@ -177,7 +177,7 @@ class CallbackList:
             raise AttributeError(name)
 
         callbacks = self.callbacks
-        if jax.process_index() != 0:  # multi-host: one process writes and prints
+        if jax.process_count() > 1 and jax.process_index() != 0:  # multi-host: one process writes and prints
             callbacks = [c for c in callbacks if not c.main_process_only]
         if name == "on_train_begin":  # restorers first: the others see the resumed run
             callbacks = sorted(callbacks, key=lambda c: not c.restores_run)
