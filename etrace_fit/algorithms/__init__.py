@@ -6,16 +6,18 @@ a small object with ``init_traces`` and ``step`` over a canonical form of the si
 """
 
 from .base import PairSignals, Rule, TracedPair, traced_pairs
+from .bptt import BPTT, TBPTT
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL, resolve_decay
 from .fidelity import WeightFidelity, gradient_fidelity
 from .hybrid import Plan, make_plan
 from .learner import CompiledSequence, Learner, LearnerState, compile
-from .registry import ALGOS, RULES
+from .registry import ALGOS, RULES, SEQUENCE_ALGOS
 from .sequence import compile_sequence, online_fit, plan_for, sequence_grad
 
 __all__ = [
     "ALGOS",
+    "BPTT",
     "CompiledSequence",
     "DRTRL",
     "Learner",
@@ -25,6 +27,8 @@ __all__ = [
     "Plan",
     "RULES",
     "Rule",
+    "SEQUENCE_ALGOS",
+    "TBPTT",
     "TracedPair",
     "WeightFidelity",
     "compile",

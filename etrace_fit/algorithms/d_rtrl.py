@@ -40,9 +40,19 @@ def _matmul(A: jax.Array, M: jax.Array) -> jax.Array:
 
 
 class DRTRL:
-    """The D-RTRL rule (see the module docstring)."""
+    """The D-RTRL rule (see the module docstring). ``sharded``: the traces are split
+    over devices along the batch (``Trainer(mesh=...)``): the chunk's history sum over
+    samples is then one contraction XLA splits per device, not a loop over samples
+    (3x faster on one CPU, but it would gather the whole trace onto every device)."""
 
     name = "d_rtrl"
+
+    def __init__(self, sharded: bool = False):
+        self.sharded = sharded
+
+    def for_sharding(self) -> "DRTRL":
+        """This rule for traces split over devices along the batch."""
+        return DRTRL(sharded=True)
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> jax.Array:
         return jnp.zeros((batch, pair.positions, pair.num_states, pair.patch, pair.outputs), dtype)
@@ -130,8 +140,11 @@ class DRTRL:
         grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
         # Σ_n μ[n] ⊙ E[n] as a loop over rows: a reduce over the leading axis of the
         # trace ran ~9x slower on CPU.
-        history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
-                                jnp.zeros((K, O), dtype))
+        if self.sharded:  # a sum over the (split) samples: partial sums per device, then one all-reduce
+            history = sum(jnp.einsum("no,nko->ko", mu[s], E[s]) for s in S).astype(dtype)
+        else:
+            history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
+                                    jnp.zeros((K, O), dtype))
         return grad + history.astype(grad.dtype), advanced(suffix_1, reach)
 
     def advance(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> jax.Array:

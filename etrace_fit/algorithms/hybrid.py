@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
-from .registry import ONLINE_ALGOS, check_algo, make_rule
+from .registry import ONLINE_ALGOS, check_algo, make_rule, sequence_algo
 
 __all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "format_bytes", "make_plan", "parse_bytes"]
 
@@ -178,7 +178,7 @@ def make_plan(
     budget = parse_bytes(memory_budget)
     pairs = traced_pairs(graph)
     overrides: Mapping[str, Any] = {}
-    if algo == "bptt":
+    if sequence_algo(algo) is not None:
         raise ConfigError(f"BPTT has no plan: make_plan takes an online algo; valid: "
                           f"{', '.join(map(repr, ONLINE_ALGOS))}, a rule value, or a dict")
     check_algo(algo)

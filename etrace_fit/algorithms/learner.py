@@ -28,11 +28,10 @@ from ..compiler.module_info import module_info
 from ..distributed import Placement, batch_axes, resolve_mesh
 from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
 from .base import traced_pairs
-from .bptt import build_bptt
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
 from .online import TraceState, _assemble, build_online
-from .registry import check_algo
+from .registry import check_algo, sequence_algo
 
 __all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
 #: Compiled programs a learner keeps (one per input shape and step_loss); the oldest go first.
@@ -171,7 +170,10 @@ class Learner:
         """The compile report, the rule and trace memory per weight, and which
         gradients are approximate and why."""
         if self.plan is None:
-            return self.graph.report() + "\n\nalgo='bptt': exact gradients, memory grows with T"
+            algo = sequence_algo(self.algo)
+            what = ("exact gradients, memory grows with T" if algo.name == "bptt" else
+                    f"gradients truncated every {getattr(algo, 'window', '?')} steps, memory grows with the window")
+            return self.graph.report() + f"\n\nalgo='{algo}': {what}"
         return self.plan.report()
 
     def is_current(self) -> bool:
@@ -203,10 +205,11 @@ class Learner:
             example = jax.tree.map(lambda x: x[0], xs)
             graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn)
             if self.plan is None:
-                plan, program = None, build_bptt(graph, step_loss)
+                plan, program = None, sequence_algo(self.algo).build(graph, step_loss)
             else:
                 plan = self._plan_on(graph)
-                program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype)
+                program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype,
+                                       sharded=self.placement is not None)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
         return self._compiled[key]
 
@@ -431,7 +434,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
                           f"{type(step_fn).__name__}")
     graph = compile_graph(model, *_example_args(example), step_fn=step_fn)
     plan = None
-    if not (isinstance(algo, str) and algo == "bptt"):
+    if sequence_algo(algo) is None:
         group = graph.hidden_groups[0]
         batch = (group.shape[0] if group.shape else 1) if plan_batch is None else plan_batch
         dtype = jnp.dtype(group.dtype) if trace_dtype is None else trace_dtype

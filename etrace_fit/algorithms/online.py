@@ -326,9 +326,13 @@ def build_online(
     *,
     trace_dtype: Any = jnp.float32,
     chunk: int | None = None,
+    sharded: bool = False,
 ) -> OnlineProgram:
     """The online program for ``pairs`` trained by ``rules`` (one rule per pair), over
-    chunks of ``chunk`` steps (default: :func:`chunk_size`)."""
+    chunks of ``chunk`` steps (default: :func:`chunk_size`). ``sharded``: the batch is
+    split over devices (a rule with ``for_sharding`` is swapped for that form)."""
+    if sharded:
+        rules = tuple(rule.for_sharding() if hasattr(rule, "for_sharding") else rule for rule in rules)
     module = graph.module
     program = build_step_program(graph, pairs, step_loss, trace_dtype)
     batch = pairs[0].group.shape[0] if pairs else 1

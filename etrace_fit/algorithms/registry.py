@@ -1,9 +1,13 @@
 """The rule registry: every name ``algo`` accepts, in one place.
 
-A trace rule is a value with ``name``, ``init_traces``, ``step``, ``trace_bytes`` and
-``trace_norm`` (:class:`~etrace_fit.algorithms.base.Rule`). To add one, write its module
-and add one line to :data:`RULES` — or pass the value itself as ``algo`` (alone, or as
-a value of the ``{path pattern: rule}`` dict). Everything that lists or validates
+Two kinds of values plug in. A *trace rule* is a value with ``name``, ``init_traces``,
+``step``, ``trace_bytes`` and ``trace_norm`` (:class:`~etrace_fit.algorithms.base.Rule`):
+the plan gives each traced weight one. To add one, write its module and add one line
+to :data:`RULES` — or pass the value itself as ``algo`` (alone, or as a value of the
+``{path pattern: rule}`` dict). A *sequence-level algorithm* (BPTT, truncated BPTT) is a
+value with ``name`` and ``build(graph, step_loss) -> OnlineProgram`` that replaces the
+plan for the whole model: :data:`SEQUENCE_ALGOS` by name, ``"tbptt:<window>"``, or the
+value itself (:func:`sequence_algo`). Everything that lists or validates
 algorithms (the plan, ``compile``, the ``Trainer``, the ``etrace-fit`` command, their
 error messages) reads this module.
 """
@@ -14,10 +18,12 @@ from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from .base import Rule
+from .bptt import BPTT, TBPTT
 from .d_rtrl import DRTRL
 from .esd_rtrl import ESDRTRL
 
-__all__ = ["ALGOS", "ONLINE_ALGOS", "RULES", "check_algo", "is_rule", "make_rule"]
+__all__ = ["ALGOS", "ONLINE_ALGOS", "RULES", "SEQUENCE_ALGOS", "check_algo", "is_rule", "make_rule",
+           "sequence_algo"]
 
 #: Trace rules by name: a factory of the ES smoothing factor α.
 RULES: dict[str, Callable[[float], Rule]] = {
@@ -28,10 +34,30 @@ RULES: dict[str, Callable[[float], Rule]] = {
 #: checks below read RULES itself, so a rule registered later is accepted too).
 ONLINE_ALGOS = (*RULES, "hybrid")
 ALGOS = (*ONLINE_ALGOS, "bptt")
+#: Sequence-level algorithms by name (``"tbptt:<window>"`` gives :class:`TBPTT`).
+SEQUENCE_ALGOS: dict[str, Any] = {"bptt": BPTT()}
 
 
 def _algos() -> tuple[str, ...]:
-    return (*RULES, "hybrid", "bptt")
+    return (*RULES, "hybrid", *SEQUENCE_ALGOS)
+
+
+def sequence_algo(algo: Any) -> Any:
+    """The sequence-level algorithm ``algo`` names or is (``"bptt"``, ``"tbptt:50"``,
+    ``TBPTT(50)``, or any value with ``build``), or None for the trace rules."""
+    if isinstance(algo, str):
+        if algo in SEQUENCE_ALGOS:
+            return SEQUENCE_ALGOS[algo]
+        if algo == "tbptt" or algo.startswith("tbptt:"):
+            window = algo.partition(":")[2]
+            if not window.isdigit() or int(window) < 1:
+                raise ConfigError(f"truncated BPTT needs a window of steps: algo='tbptt:50' or "
+                                  f"algo=ef.algorithms.TBPTT(50), got {algo!r}")
+            return TBPTT(int(window))
+        return None
+    if callable(getattr(algo, "build", None)) and isinstance(getattr(algo, "name", None), str):
+        return algo
+    return None
 
 
 def is_rule(value: Any) -> bool:
@@ -59,6 +85,8 @@ def check_algo(algo: Any) -> None:
         for rule in algo.values():
             make_rule(rule, 0.9)
         return
+    if sequence_algo(algo) is not None:
+        return
     if not is_rule(algo) and algo not in _algos():
-        raise ConfigError(f"unknown algo {algo!r}; valid: {_names(_algos())}, a rule value, or a dict "
-                          f"{{path pattern: {' | '.join(repr(n) for n in RULES)}}}")
+        raise ConfigError(f"unknown algo {algo!r}; valid: {_names(_algos())}, 'tbptt:<window>', a rule value, or "
+                          f"a dict {{path pattern: {' | '.join(repr(n) for n in RULES)}}}")

@@ -21,7 +21,7 @@ from ..errors import ConfigError, ShapeError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
 from .learner import CompiledSequence, Learner, _check_batch_axis, compile, warn_approximations
-from .registry import ONLINE_ALGOS, check_algo
+from .registry import ONLINE_ALGOS, check_algo, sequence_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
 
@@ -188,7 +188,7 @@ def online_fit(
     """
     if not isinstance(update_every, int) or isinstance(update_every, bool) or update_every < 1:
         raise ConfigError(f"update_every must be a positive int, got {update_every!r}")
-    if algo == "bptt":
+    if sequence_algo(algo) is not None:
         raise ConfigError(f"update_every needs an online rule ({', '.join(map(repr, ONLINE_ALGOS))}); BPTT must see the "
                           "whole sequence before it has a gradient")
     compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)

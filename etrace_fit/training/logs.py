@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..algorithms.hybrid import format_bytes
+from ..algorithms.registry import sequence_algo
 from ..compiler import format_path
 from ..errors import ConfigError
 
@@ -90,7 +91,8 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
         names = [format_path(path) for path in params if path[:-1] == owner]
         rule = ", ".join(f"{n.rsplit('.', 1)[-1]}: {'+'.join(dict.fromkeys(rules[n]))}" for n in names if n in rules)
         if not rule and names:
-            rule = "bptt" if algo == "bptt" else ("(at first batch)" if learner is None else "untraced")
+            sequence = sequence_algo(algo)
+            rule = str(sequence) if sequence is not None else ("(at first batch)" if learner is None else "untraced")
         size = sum(trace.get(n, 0) for n in names)
         total_trace += size
         rows.append((f"{format_path(owner) or '(model)'} ({kind})", f"{count:,}", states or "-", rule or "-",
@@ -103,7 +105,8 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
     if learner is None:
         out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
     elif learner.plan is None:
-        out.append("Rules: algo='bptt' (no traces; memory grows with the sequence length)")
+        out.append(f"Rules: algo='{sequence_algo(learner.algo)}' (no traces; memory grows with the "
+                   f"{'sequence length' if sequence_algo(learner.algo).name == 'bptt' else 'window'})")
     else:
         out.append(f"Trace memory: {format_bytes(total_trace)} per sample "
                    f"(x batch size; {jnp.dtype(learner.plan.trace_dtype).name})")

@@ -28,7 +28,7 @@ import optax
 
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, _states_at, compile as compile_learner
-from ..algorithms.registry import check_algo
+from ..algorithms.registry import check_algo, sequence_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
@@ -146,7 +146,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
         if update_every is not None and (not isinstance(update_every, int) or update_every < 1):
             raise ConfigError(f"update_every must be a positive int or None, got {update_every!r}")
-        if update_every is not None and algo == "bptt":
+        if update_every is not None and sequence_algo(algo) is not None:
             raise ConfigError("update_every needs an online rule; BPTT sees the whole sequence first")
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
@@ -167,7 +167,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.stateful = stateful
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream: int | None = None  # stateful: the running streams' batch size; None: start afresh
-        self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else algo, loss=loss if isinstance(loss, str) else None,
+        self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else
+                           str(algo) if sequence_algo(algo) is not None else algo, loss=loss if isinstance(loss, str) else None,
                            loss_callable=None if isinstance(loss, str) or loss is None else
                            getattr(loss, "__name__", type(loss).__name__),
                            optimizer=optimizer if isinstance(optimizer, str) else None,
@@ -592,7 +593,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     _check_batch_axis(self._model, jax.tree.leaves(xs))
                     self.learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo,
                                                    decay=self.decay, memory_budget=self.memory_budget,
-                                                   plan_batch=xs.shape[1], step_fn=self._step_fn)
+                                                   plan_batch=xs.shape[1], step_fn=self._step_fn, mesh=self.mesh)
                 if self.learner.plan is not None:
                     check_trace_memory(self.learner.plan, xs.shape[1],
                                        devices=1 if self._placement is None else self._placement.size)

@@ -7,6 +7,7 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import warnings  # noqa: E402
@@ -132,6 +133,14 @@ def memory():
         model = ef.Sequential(layers.GRUCell(5, 64), layers.Linear(64, 3))
         trainer = ef.Trainer(model, algo="d_rtrl", optimizer="sgd", mesh=mesh, loss_on="all")
         out[str(mesh)] = trainer.step_memory(x, y, batch_size=32)
+        if mesh:  # the compiled step moves gradients between devices, never a trace
+            from etrace_fit.training.data import Batch
+
+            xs, ys, weight = trainer._time_major(Batch(x[:32], y[:32]), False)
+            _, step, args, options = trainer._step_call(xs, ys, weight, weight, stream=False)
+            text = step.lower(*args, **options).compile().as_text()
+            out["collectives"] = sorted(set(re.findall(r"\b(all-gather|all-reduce|all-to-all|collective-permute|"
+                                                       r"reduce-scatter)(?:-start)?\(", text)))
         trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
         out[f"report {mesh}"] = trainer.report().splitlines()[-1]
     return out

@@ -72,7 +72,9 @@ def test_update_every_on_four_devices_matches(runs):
 def test_compiled_step_needs_about_a_quarter_of_the_memory_per_device(runs):
     one, four = runs["memory"]["None"], runs["memory"]["4"]
     # D-RTRL traces dominate the scratch memory; the replicated weights and gradients do not split
-    assert four["temp"] < 0.4 * one["temp"], (one, four)
+    assert four["temp"] < 0.3 * one["temp"], (one, four)
+    # the history sum over samples is split per device: gradients are all-reduced, no trace is gathered
+    assert runs["memory"]["collectives"] == ["all-reduce"], runs["memory"]["collectives"]
     report = runs["memory"]["report 4"]
     assert report.startswith("data parallel over 4 devices") and "at batch 32: 8 per device" in report
     assert "data parallel" not in runs["memory"]["report None"]
