@@ -1,5 +1,6 @@
 """The benchmark scripts still run (tiny sizes); their numbers live in benchmarks/README.md."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -59,3 +60,16 @@ def test_trainer_overhead_script_runs():
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| fit / bare |" in result.stdout
+
+
+@pytest.mark.slow
+def test_scaling_script_reports_memory_per_device():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the script emulates its devices
+    args = ["benchmarks/scaling.py", "--quick", "--devices", "2", "--algos", "d_rtrl"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| gru | 128 | 64 | d_rtrl"))
+    ratio = float(row.split("|")[7])
+    assert 0.3 < ratio < 0.7  # two devices: about half the traces each
+    assert "Step time is not measured here" in result.stdout
