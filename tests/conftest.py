@@ -3,6 +3,9 @@
 ``--slow`` also runs the tests marked ``@pytest.mark.slow`` (``.ci/run`` passes it).
 """
 
+import gc
+
+import jax
 import pytest
 
 
@@ -17,3 +20,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+    """Drop every compiled program after each test module. The whole suite in one
+    process keeps thousands of XLA executables otherwise; with them, a run crashed
+    (segfault inside XLA, no Python frame) at the same test twice, while that module
+    passed on its own."""
+    yield
+    jax.clear_caches()
+    gc.collect()
