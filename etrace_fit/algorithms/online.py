@@ -85,10 +85,16 @@ class StepProgram:
     """One step of the model extended with everything the rules need.
 
     ``signals(weights, others, inputs, target, active) -> (loss, outputs, new others,
-    one-step weight grads, [PairSignals per pair])``: ``weights`` the weight leaves,
-    ``others`` the non-weight state leaves (module order without the weights), the
-    signals in the canonical form of ``base.py``. With ``active`` false the pull-back
-    is skipped: weight grads, ``G`` and ``dY`` are zero.
+    one-step weight grads, [PairSignals per pair], [(x, δy) per deferred op])``:
+    ``weights`` the weight leaves, ``others`` the non-weight state leaves (module order
+    without the weights), the signals in the canonical form of ``base.py``. With
+    ``active`` false the pull-back is skipped: weight grads, ``G`` and ``dY`` are zero
+    and the deferred list is ``None``.
+
+    ``deferred`` are the dense and conv ETP ops no pair traces (GRU's ``W_r``, a
+    readout): the pull-back stops at their weights and returns ``δy = ∂L^t/∂y`` and
+    their input ``x`` instead of a per-step weight gradient, so the caller turns a
+    whole chunk of them into one GEMM over ``C·B`` rows (:func:`deferred_gradients`).
     """
 
     graph: ETraceGraph
@@ -96,6 +102,7 @@ class StepProgram:
     signals: Callable[..., Any]
     other_positions: tuple[int, ...]
     weight_positions: tuple[int, ...]
+    deferred: tuple[int, ...] = ()
 
     def assemble(self, weights, others) -> list:
         """All state leaves in module order from the weight and the other leaves."""
@@ -127,8 +134,15 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     hidden_positions = [module.leaf_offsets[state.path] for state in hidden]
     # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
     # GEMM with the history part), so the pull-back stops at their trainable operands
-    # and returns δy = ∂L^t/∂y instead. Elementwise parameters keep the weight pull-back.
+    # and returns δy = ∂L^t/∂y instead. Dense and conv ops no pair traces (deferred)
+    # likewise: the chunk does their X^T δy in one GEMM. Elementwise parameters keep the
+    # weight pull-back.
+    related = {p.relation.eqn_index for p in pairs}
+    deferred = tuple(i for i, eqn in enumerate(eqns) if i not in related and _deferrable(eqn))
+    for i in deferred:
+        capture[eqns[i].invars[etp_op_info(eqns[i].primitive).x_index]] = True
     fused = list(dict.fromkeys(p.relation.eqn_index for p in pairs if p.kind != "elementwise"))
+    fused += list(deferred)
     fused_positions = {i: etp_op_info(eqns[i].primitive).trainable_positions(len(eqns[i].invars)).values()
                        for i in fused}
     y_avals = [eqns[i].outvars[0].aval for i in fused]
@@ -261,10 +275,39 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                 G=G,
                 dY=dY,
             ))
-        return loss, outputs, new_others, weight_grads, pair_signals
+        one_step = None
+        if active is not False:
+            one_step = [(captured[eqns[i].invars[etp_op_info(eqns[i].primitive).x_index]], output_grad_of[i])
+                        for i in deferred]
+        return loss, outputs, new_others, weight_grads, pair_signals, one_step
 
     return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions,
-                       weight_positions=weight_positions)
+                       weight_positions=weight_positions, deferred=deferred)
+
+
+def _deferrable(eqn) -> bool:
+    """A dense or conv ETP op with its input as a variable: linear in its trainable
+    operands, so ``C`` steps of its one-step gradient are one contraction."""
+    op = etp_op_info(eqn.primitive)
+    if op is None or op.kind not in ("dense", "conv") or op.x_index is None:
+        return False
+    operands = [eqn.invars[op.x_index], *op.split_operands(list(eqn.invars))[1].values()]
+    return len(operands) > 1 and not any(isinstance(v, _compat.Literal) for v in operands)
+
+
+def deferred_gradients(eqn, xs: jax.Array, cotangents: jax.Array, dtype: Any) -> dict:
+    """``{key: ∂/∂(effective operand)}`` of ``Σ_c <δy_c, op(x_c)>`` for a deferred op
+    over a chunk (``xs``, ``cotangents`` with leading axes ``(C, B)``), the weight taken
+    after its weight function: one contraction over ``C·B`` rows. The op is linear in
+    its trainable operands, so the gradient does not depend on their values."""
+    op = etp_op_info(eqn.primitive)
+    _, trainables = op.split_operands(list(eqn.invars))
+    zeros = {key: jnp.zeros(var.aval.shape, var.aval.dtype) for key, var in trainables.items()}
+    params = {**eqn.params, "weight_fn": None} if "weight_fn" in eqn.params else dict(eqn.params)
+    rows = xs.reshape(-1, *xs.shape[2:])
+    _, pull = jax.vjp(lambda tr: op.reference(rows, tr, params), zeros)
+    grads = pull(cotangents.reshape(-1, *cotangents.shape[2:]).astype(rows.dtype))[0]
+    return {key: value.astype(dtype) for key, value in grads.items()}
 
 
 # ------------------------------------------------------------------ rules over a chunk
@@ -339,18 +382,28 @@ def build_online(
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
     weight_positions = program.weight_positions
 
+    eqns = module.jaxpr.eqns
+    deferred = program.deferred
+
     def zero_accumulators(weights):
-        return ([jnp.zeros_like(w) for w in weights],
-                [jnp.zeros((pair.patch, pair.outputs), accumulate) for pair in pairs])
+        """Per weight leaf (the pull-back's direct gradients); then per pair its ``(K, O)``
+        and per deferred op its ``{key: effective operand}`` gradient sums."""
+        pair_acc = [jnp.zeros((pair.patch, pair.outputs), accumulate) for pair in pairs]
+        pair_acc += [{key: jnp.zeros(var.aval.shape, accumulate)
+                      for key, var in etp_op_info(eqns[i].primitive).split_operands(list(eqns[i].invars))[1].items()}
+                     for i in deferred]
+        return [jnp.zeros_like(w) for w in weights], pair_acc
 
     def weight_gradients(weights, weight_acc, pair_acc, others, input_leaves):
         """Accumulated gradients per weight leaf: the one-step / direct parts plus each
         pair's effective-weight gradient mapped back through the op's weight function
         and any chain (mask, ...) between the ParamState and the op."""
-        if not pairs:
+        if not pairs and not deferred:
             return list(weight_acc)
         state_leaves = program.assemble(weights, others)
-        cotangents = _effective_cotangents(pairs, pair_acc)
+        cotangents = _effective_cotangents(pairs, pair_acc[:len(pairs)])
+        for i, grads in zip(deferred, pair_acc[len(pairs):]):
+            cotangents.update({(i, key): value for key, value in grads.items()})
         values, pull = jax.vjp(lambda w: _effective_values(module, w, state_leaves, input_leaves, weight_positions,
                                                            list(cotangents)), list(weights))
         mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
@@ -376,18 +429,21 @@ def build_online(
             others, weight_acc = carry
             input_leaves, target, active = inputs_t
             active = active if pullback is None else pullback
-            loss, outputs, others, weight_grads, signals = program.signals(weights, others, input_leaves, target,
-                                                                           active)
+            loss, outputs, others, weight_grads, signals, one_step = program.signals(
+                weights, others, input_leaves, target, active)
             weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
-            return (others, weight_acc), (loss, outputs if collect else None, signals)
+            return (others, weight_acc), (loss, outputs if collect else None, signals, one_step)
 
-        (others, weight_acc), (losses, outputs, signals) = lax.scan(step, (others, weight_acc), inputs)
+        (others, weight_acc), (losses, outputs, signals, one_step) = lax.scan(step, (others, weight_acc), inputs)
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
             grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
             if grad is not None:
                 pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
             new_traces.append(trace)
+        for n, (i, (xs, cotangents)) in enumerate(zip(deferred, one_step or ()), start=len(pairs)):
+            grads = deferred_gradients(eqns[i], xs, cotangents, accumulate)
+            pair_acc[n] = {key: pair_acc[n][key] + grads[key] for key in pair_acc[n]}
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 

@@ -15,6 +15,7 @@ import re
 import warnings
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,3 +69,34 @@ def test_lstm_forward_runs_its_five_weight_matmuls_once():
     """The issue's count: four gates and the readout, each once per step."""
     online = matmul_shapes(layers.LSTMCell, "d_rtrl")
     assert online[(B, H)] + online[(B, O)] <= 5 + 1  # + the readout's cotangent back to h, (B, H)
+
+
+def test_untraced_dense_ops_leave_their_weight_gradient_to_one_gemm_per_chunk():
+    """GRU's W_r (one-step gradient only) and the readout are traced by no pair: the
+    step's pull-back returns their input and ``δy`` instead of a per-step weight
+    gradient (which would be a GEMM over only B rows each step); the chunk contracts
+    them once. Their values are checked against references in test_approximations
+    (W_r, plain-jnp GRU) and test_chunked (the readout, BPTT)."""
+    from etrace_fit.algorithms.online import build_step_program
+
+    model = _model(layers.GRUCell)
+    x = jnp.zeros((B, I))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph, plan = ef.algorithms.plan_for(model, x[None], jnp.zeros((1, B, O)), _loss, algo="d_rtrl")
+    program = build_step_program(graph, plan.pairs, _loss, jnp.float32)
+    eqns = graph.module.jaxpr.eqns
+    weight_shapes = sorted(tuple(eqns[i].invars[1].aval.shape) for i in program.deferred)
+    assert weight_shapes == sorted([(I + H, H), (H, O)]), weight_shapes  # W_r on [x, h], the readout
+    module = graph.module
+    weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+    rng = np.random.default_rng(1)
+    out = program.signals(weights, program.others(module.state_leaves()), [jnp.asarray(rng.normal(size=(B, I)))],
+                          jnp.asarray(rng.normal(size=(B, O))))
+    weight_grads, one_step = out[3], out[5]
+    paths = [path for s in module.weights for path in [s.path] * len(jax.tree.leaves(s.state.value))]
+    for path, grad in zip(paths, weight_grads):
+        if "W_r" in path or path[:2] == ("layers", 1):
+            assert not np.any(np.asarray(grad)), f"{path} got a per-step weight gradient"
+    assert [tuple(x.shape) for x, _ in one_step] and all(x.shape[0] == B and dy.shape[0] == B for x, dy in one_step)
+    assert any(np.any(np.asarray(dy)) for _, dy in one_step)
