@@ -304,9 +304,12 @@ def deferred_gradients(eqn, xs: jax.Array, cotangents: jax.Array, dtype: Any) ->
     _, trainables = op.split_operands(list(eqn.invars))
     zeros = {key: jnp.zeros(var.aval.shape, var.aval.dtype) for key, var in trainables.items()}
     params = {**eqn.params, "weight_fn": None} if "weight_fn" in eqn.params else dict(eqn.params)
-    rows = xs.reshape(-1, *xs.shape[2:])
+    if op.kind == "dense":  # a matmul takes the (C, B) axes as they are: no reshape of a batch split over devices
+        rows, cotangents = xs, cotangents
+    else:  # a conv wants one batch axis
+        rows, cotangents = xs.reshape(-1, *xs.shape[2:]), cotangents.reshape(-1, *cotangents.shape[2:])
     _, pull = jax.vjp(lambda tr: op.reference(rows, tr, params), zeros)
-    grads = pull(cotangents.reshape(-1, *cotangents.shape[2:]).astype(rows.dtype))[0]
+    grads = pull(cotangents.astype(rows.dtype))[0]
     return {key: value.astype(dtype) for key, value in grads.items()}
 
 

@@ -169,7 +169,8 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> Module
     function = brainstate.transform.StatefulFunction(model if step_fn is None else step_fn, return_only_write=False)
     hidden_before = {path: state.value for path, state in model.states(brainstate.HiddenState).items()}
     try:
-        function.make_jaxpr(*example_inputs)
+        with brainstate.environ.context(fit=True):  # the training step: dropout on (layers.dropout.training)
+            function.make_jaxpr(*example_inputs)
     except ValueError as error:
         _raise_if_state_structure_changed(model, hidden_before, error)
         raise

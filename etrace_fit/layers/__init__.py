@@ -6,7 +6,8 @@ Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics
 
 from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, LayerNorm, LeakyReLU, MaxPool1d, MaxPool2d, ReLU,
                     RMSNorm, SiLU, Softplus, Tanh)
-from .linear import Conv1d, Conv2d, Flatten, Linear
+from .dropout import Dropout
+from .linear import Conv1d, Conv2d, Embedding, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, VanillaRNNCell
 from .sequential import Sequential
@@ -37,6 +38,8 @@ __all__ = [
     "Tanh",
     "AlphaSynapse",
     "DualExpSynapse",
+    "Dropout",
+    "Embedding",
     "ExpSynapse",
     "IF",
     "LRU",

@@ -16,7 +16,7 @@ from .. import ops
 from ..errors import ConfigError, ShapeError
 from .base import check_last_axis, describe, make_param
 
-__all__ = ["Conv1d", "Conv2d", "Flatten", "Linear"]
+__all__ = ["Conv1d", "Conv2d", "Embedding", "Flatten", "Linear"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
 
@@ -218,3 +218,44 @@ class Flatten(brainstate.nn.Module):
         if k < 1 or k > len(shape):
             raise ShapeError(f"{describe(self)}: cannot flatten {k} feature axes of x.shape={shape}")
         return jnp.reshape(x, (*shape[: len(shape) - k], math.prod(shape[len(shape) - k :])))
+
+
+class Embedding(brainstate.nn.Module):
+    """Keras' ``Embedding(input_dim, output_dim)``: integer ids → rows of a learned table,
+    ``y = one_hot(ids) @ W`` through the dense ETP op, so the compiler relates ``W`` to
+    the hidden states it drives like any ``Linear`` (``Embedding → LIF`` is exact under
+    D-RTRL) and every rule trains it.
+
+    Shapes: ``ids: (B, ...)`` integers in ``[0, num_embeddings)`` → ``(B, ..., features)``;
+    ``W: (num_embeddings, features)`` in ``self.weight`` as ``{"weight": W}``. An id
+    outside the range gives a zero row (inside a jitted step it cannot raise); the one-hot
+    product costs ``num_embeddings`` multiply-adds per feature, which suits the small
+    vocabularies of sequence tasks (symbols, characters, event channels).
+
+    Args:
+        num_embeddings: the number of ids (Keras' ``input_dim``).
+        features: the size of each row (Keras' ``output_dim``).
+        w_init: initializer or array; default uniform in ``[−0.05, 0.05]`` (Keras').
+
+    Example::
+
+        embed = Embedding(10, 32)
+        y = embed(jnp.array([3, 7]))      # (2, 32)
+    """
+
+    def __init__(self, num_embeddings: int, features: int, *, w_init: Any = None, name: str | None = None):
+        super().__init__(name=name)
+        self.num_embeddings = _positive_int("Embedding", "num_embeddings", num_embeddings)
+        self.features = _positive_int("Embedding", "features", features)
+        self._summary = f"{num_embeddings}, {features}"
+        self.out_size = (features,)
+        w_init = brainstate.nn.init.Uniform(-0.05, 0.05) if w_init is None else w_init
+        self.weight = brainstate.ParamState({"weight": make_param(w_init, (num_embeddings, features), "w_init", self)})
+
+    def update(self, ids: Any) -> Any:
+        ids = jnp.asarray(ids)
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ConfigError(f"{describe(self)}: ids must be integers, got {ids.dtype} (cast the inputs, e.g. "
+                              f"x.astype('int32'); a float input is usually one-hot already: use Linear)")
+        table = self.weight.value["weight"]
+        return ops.matmul(jax.nn.one_hot(ids, self.num_embeddings, dtype=table.dtype), table)

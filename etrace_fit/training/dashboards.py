@@ -108,7 +108,8 @@ class Dashboards:
                     model(x_t)
                     return {name: layer.spikes() for name, layer in layers.items()}
 
-                return brainstate.transform.for_loop(step, xs)
+                with brainstate.environ.context(fit=False):  # as evaluate runs the model
+                    return brainstate.transform.for_loop(step, xs)
 
             self._recorder = record
         spikes = self._recorder(x[:, None])

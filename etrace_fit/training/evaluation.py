@@ -40,7 +40,8 @@ class Evaluation:
             def forward(xs, carry):
                 if not carry:
                     brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
-                return brainstate.transform.for_loop(model, xs)
+                with brainstate.environ.context(fit=False):  # dropout off, as in Keras' predict
+                    return brainstate.transform.for_loop(model, xs)
 
             self._forward = forward
         return self._forward(xs, carry)
@@ -67,7 +68,8 @@ class Evaluation:
         def eval_step(xs, ys, weight, carry=False):
             if not carry:
                 brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
-            outputs = brainstate.transform.for_loop(step, xs)
+            with brainstate.environ.context(fit=False):  # dropout off, as in Keras' evaluate
+                outputs = brainstate.transform.for_loop(step, xs)
             penalty = 0.0
             if regularizers:  # the same loss as in training: the penalties averaged over steps and samples
                 outputs, spikes = outputs

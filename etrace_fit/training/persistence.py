@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,8 @@ class Persistence:
         the same); the others return at once (``BackupAndRestore`` waits for the file
         at a barrier)."""
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
-                 "opt_state": self.opt_state if self.opt_state is not None else {}}
+                 "opt_state": self.opt_state if self.opt_state is not None else {},
+                 "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()}}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
                  "has_opt_state": self.opt_state is not None, "process_count": jax.process_count()}
@@ -65,11 +67,14 @@ class Persistence:
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
                                   ) from error
+        long_term = _restored_long_term(path, self._model, state)
         opt_state = self.opt_state
         if manifest.get("has_opt_state"):
             opt_state = self._restored_opt_state(path, manifest, state, params)
         for path_, param in self._params().items():
             param.value = params[path_]
+        for held, value in long_term:
+            held.value = value
         self._model_touched = True
         self.opt_state = opt_state
         self.history = History(self.history.params, model=self)
@@ -139,3 +144,35 @@ class Persistence:
         for path, value in weights.items():
             params[path].value = value
         self._model_touched = True
+
+
+def _long_term(model: Any) -> dict:
+    """The model's long-term states that are not weights (a dropout key, running
+    statistics): carried across batches, so a checkpoint holds them too."""
+    return {path: state for path, state in model.states(brainstate.LongTermState).items()
+            if not isinstance(state, brainstate.ParamState)}
+
+
+def _restored_long_term(path: Any, model: Any, state: dict) -> list:
+    """``[(state, saved value)]`` for the model's long-term states, or a CheckpointError
+    naming a state the checkpoint lacks or holds at another shape (checkpoints written
+    before these were saved hold none: the model's own values stay)."""
+    saved = state.get("long_term")
+    held = _long_term(model)
+    if saved is None:
+        return []
+    saved = dict(saved)
+    missing = sorted(set(map(format_path, held)) - set(saved))
+    extra = sorted(set(saved) - set(map(format_path, held)))
+    if missing or extra:
+        raise CheckpointError(f"{path}: the model's long-term states (dropout keys, running statistics) differ from "
+                              f"the checkpoint's: missing {missing or 'none'}, not in the model {extra or 'none'}")
+    restored = []
+    for p, held_state in held.items():
+        leaves = jax.tree.leaves(held_state.value)
+        values = [jnp.asarray(leaf) for leaf in jax.tree.leaves(saved[format_path(p)])]
+        if [np.shape(v) for v in values] != [np.shape(v) for v in leaves]:
+            raise CheckpointError(f"{path}: long-term state {format_path(p)} was saved with shapes "
+                                  f"{[np.shape(v) for v in values]}, the model has {[np.shape(v) for v in leaves]}")
+        restored.append((held_state, jax.tree.unflatten(jax.tree.structure(held_state.value), values)))
+    return restored

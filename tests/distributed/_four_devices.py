@@ -38,7 +38,14 @@ def alif():
                          layers.LeakyRateReadout(8, 3, tau=5.0))
 
 
-MODELS = {"gru": gru, "alif": alif}
+def dropout():
+    """A mask per element, step and sample, drawn from one key: the same on 4 devices."""
+    return ef.Sequential(layers.Linear(5, 8, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
+                         layers.Dropout(0.3, seed=1), layers.LIF(8, tau=5.0, v_threshold=0.5),
+                         layers.LeakyRateReadout(8, 3, tau=5.0))
+
+
+MODELS = {"gru": gru, "alif": alif, "dropout": dropout}
 
 
 def data(n=24, steps=7, seed=0):
@@ -89,7 +96,8 @@ def equivalence():
                     "evaluate": trainer.evaluate(x, y, batch_size=8, verbose=0),
                     "predict": np.asarray(trainer.predict(x[:8], batch_size=8, verbose=0)).tolist(),
                     "weight_sharding": sharding_of(jax.tree.leaves(state.weights)[0]),
-                    "state_sharding": [sharding_of(s) for s in state.states if np.ndim(s) >= 1],
+                    "state_sharding": [sharding_of(s) for s in state.states if np.ndim(s) >= 2],
+                    "key_sharding": [sharding_of(s) for s in state.states if np.ndim(s) == 1],
                 }
             one, four = runs[None], runs[4]
             out[f"{name}/{algo}"] = {
@@ -98,6 +106,7 @@ def equivalence():
                 "evaluate_one": one["evaluate"], "evaluate_four": four["evaluate"],
                 "predict": float(np.max(np.abs(np.subtract(four["predict"], one["predict"])))),
                 "weight_sharding": four["weight_sharding"], "state_sharding": four["state_sharding"],
+                "key_sharding": four["key_sharding"],
             }
     return out
 
