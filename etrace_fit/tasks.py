@@ -199,12 +199,15 @@ def _mnist1d_gru() -> Any:
 
 def _mnist1d_snn() -> Any:
     """A recurrent LIF network reading the signal as an input current (through a
-    learned Linear(1, 128) with a small bias)."""
+    learned Linear(1, 128) with a small bias). Fast neurons (τ = 5 steps) and a readout
+    that integrates the whole sequence (τ = 400 steps): of the settings tried with BPTT
+    (τ 5–20, readout τ 20–400, H 128–256, recurrent scale 0.25–1, learned τ), the best
+    (0.87 against 0.66–0.70 with τ = 20 for both)."""
     return Sequential(
         layers.Linear(1, 128, w_init=brainstate.nn.init.Normal(scale=1.0), b_init=brainstate.nn.init.Constant(0.2)),
-        layers.RecurrentLIF(128, 128, tau=20.0, surrogate=layers.Triangle(width=1.0, scale=1.0),
+        layers.RecurrentLIF(128, 128, tau=5.0, surrogate=layers.Triangle(width=1.0, scale=1.0),
                             w_init=brainstate.nn.init.KaimingNormal(scale=0.5)),
-        layers.LeakyRateReadout(128, 10, tau=20.0),
+        layers.LeakyRateReadout(128, 10, tau=400.0),
     )
 
 
@@ -260,8 +263,8 @@ TASKS: dict[str, Task] = {
     ),
     "mnist1d-snn": Task(
         name="mnist1d-snn",
-        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentLIF(128, 128) -> "
-                    "LeakyRateReadout(10), loss at the last step",
+        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentLIF(128, 128, tau=5) -> "
+                    "LeakyRateReadout(10, tau=400), loss at the last step",
         make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=60,
         learning_rate=1e-2, batch_size=64,
         reference="issue target: >= 0.75 with BPTT",

@@ -83,7 +83,7 @@ def approximations(
         if mixers:
             records.append(_record(relation, MIXING_PATH, (
                 f"{name}'s output reaches {', '.join(groups[g].name for g in sorted(own))} through "
-                f"{', '.join(mixers)}, which mixes units (a normalisation, pooling, a reduction): the traces "
+                f"{', '.join(mixers)}, which mixes units (a normalisation, over the batch too, pooling, a reduction): the traces "
                 f"keep each unit's own path only")))
         plain = weight_uses.get(relation.eqn_index, ())
         if plain:

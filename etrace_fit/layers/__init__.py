@@ -4,14 +4,14 @@
 Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics.
 """
 
-from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, LayerNorm, LeakyReLU, MaxPool1d, MaxPool2d, ReLU,
-                    RMSNorm, SiLU, Softplus, Tanh)
+from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm,
+                    LeakyReLU, MaxPool1d, MaxPool2d, ReLU, RMSNorm, SiLU, Softplus, Tanh)
 from .dropout import Dropout
 from .linear import Conv1d, Conv2d, Embedding, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, VanillaRNNCell
 from .sequential import Sequential
-from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant
+from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant, training
 from .lru import LRU
 from .spiking import ALIF, IF, LIF, RecurrentALIF, RecurrentLIF
 from .synapses import STP, AlphaSynapse, DualExpSynapse, ExpSynapse
@@ -22,6 +22,10 @@ __all__ = [
     "Activation",
     "AvgPool1d",
     "AvgPool2d",
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "GroupNorm",
     "GELU",
     "LayerNorm",
     "LeakyReLU",
@@ -68,4 +72,5 @@ __all__ = [
     "parameter",
     "read",
     "time_constant",
+    "training",
 ]

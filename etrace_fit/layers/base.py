@@ -167,6 +167,13 @@ def parameter(layer: Any, value: Any, size: int | tuple[int, ...], learn: bool, 
     return brainstate.ParamState(make_param(value, shape, what, layer)) if learn else make_param(value, shape, what, layer)
 
 
+def training() -> bool:
+    """Whether the layer is being traced for training: ``brainstate.environ``'s ``fit``
+    flag, which the compiler sets while it traces the training step and evaluation
+    clears (unset: evaluation). ``Dropout`` and ``BatchNorm`` read it."""
+    return bool(brainstate.environ.get("fit", False))
+
+
 def read(value: Any) -> Any:
     """The value of a :func:`parameter` or :func:`time_constant`: a learned one through
     the elementwise ETP op (so online rules trace it), a fixed one as it is."""

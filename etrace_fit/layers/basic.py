@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError, ShapeError
-from .base import check_last_axis, describe, parameter, read
+from .base import check_last_axis, describe, parameter, read, training
 
-__all__ = ["ACTIVATIONS", "Activation", "AvgPool1d", "AvgPool2d", "GELU", "LayerNorm", "LeakyReLU", "MaxPool1d",
+__all__ = ["ACTIVATIONS", "Activation", "AvgPool1d", "AvgPool2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "GELU",
+           "GroupNorm", "LayerNorm", "LeakyReLU", "MaxPool1d",
            "MaxPool2d", "RMSNorm", "ReLU", "SiLU", "Sigmoid", "Softplus", "Tanh"]
 
 #: The names :class:`Activation` takes (Keras' ``Activation("relu")``).
@@ -225,3 +226,111 @@ class RMSNorm(_Norm):
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.features)
         return self._affine(x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps))
+
+
+class GroupNorm(_Norm):
+    """``(x − mean) / √(var + eps) · scale + bias`` with the statistics of each sample
+    over its spatial axes and the channels of each of ``groups`` groups (Wu and He
+    2018; ``groups=1`` is LayerNorm over all feature axes, ``groups=size`` instance
+    norm). Channels last: ``x: (B, ..., size)`` → same.
+    """
+
+    def __init__(self, groups: int, size: int, *, eps: float = 1e-5, learn_scale: bool = True,
+                 learn_bias: bool = True, name: str | None = None):
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+            raise ConfigError(f"GroupNorm: groups must be a positive int, got {groups!r}")
+        super().__init__(size, eps, learn_scale, learn_bias, name)
+        if size % groups:
+            raise ConfigError(f"GroupNorm({groups}, {size}): {size} channels do not split into {groups} groups")
+        self.groups = groups
+        self._summary = f"{groups}, {size}"
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.features)
+        if jnp.ndim(x) < 2:
+            raise ShapeError(f"{describe(self)}: expected (B, ..., {self.features}), got x.shape={tuple(jnp.shape(x))}")
+        shape = jnp.shape(x)
+        grouped = jnp.reshape(x, (*shape[:-1], self.groups, self.features // self.groups))
+        axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)  # spatial axes and the group's channels
+        mean = jnp.mean(grouped, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
+        return self._affine(jnp.reshape((grouped - mean) * jax.lax.rsqrt(var + self.eps), shape))
+
+
+class RunningStats(brainstate.LongTermState):
+    """A batch norm's running ``{"mean", "var"}`` per channel: updated by training steps,
+    read in evaluation, carried across batches and saved in checkpoints."""
+
+
+class BatchNorm(_Norm):
+    """Keras' ``BatchNormalization`` over the last (channel) axis, one time step at a time.
+
+    In training (``fit``) each step normalises with the statistics of its batch over
+    every axis but the channels, ``(x − μ_B) / √(σ²_B + eps) · scale + bias``, and moves
+    the running statistics: ``m ← momentum · m + (1 − momentum) · μ_B`` (and the same
+    for the variance, unbiased as in Keras), at every step. In evaluation it uses the
+    running statistics and changes nothing.
+
+    Online gradients: the batch statistics couple the samples, and a normalisation
+    mixes what the weight before it drives. The exact one-step part of that weight's
+    gradient (through the statistics) is kept; its history through a neuron after the
+    norm is not (the compiler names it, "… which mixes units"). Put it where nothing
+    trainable feeds a neuron through it (after the recurrent layers), or measure the
+    gap with ``ef.gradient_fidelity``; BPTT differentiates through everything.
+
+    Shapes: ``x: (B, ..., size)`` → same; at least 2 samples per batch in training.
+
+    Args:
+        size: channels (the last axis).
+        momentum, eps: Keras' defaults 0.99 and 1e-3.
+        learn_scale, learn_bias: per-channel ``ParamState``s through the elementwise ETP op.
+    """
+
+    def __init__(self, size: int, *, momentum: float = 0.99, eps: float = 1e-3, learn_scale: bool = True,
+                 learn_bias: bool = True, name: str | None = None):
+        super().__init__(size, eps, learn_scale, learn_bias, name)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"{type(self).__name__}({size}): momentum must be in [0, 1), got {momentum!r}")
+        self.momentum = float(momentum)
+        self.stats = RunningStats({"mean": jnp.zeros((size,), brainstate.environ.dftype()),
+                                   "var": jnp.ones((size,), brainstate.environ.dftype())})
+
+    def update(self, x: Any) -> jax.Array:
+        check_last_axis(self, x, self.features)
+        self._check_rank(x)
+        stats = self.stats.value
+        if not training():
+            mean, var = stats["mean"].astype(x.dtype), stats["var"].astype(x.dtype)
+            return self._affine((x - mean) * jax.lax.rsqrt(var + self.eps))
+        axes = tuple(range(jnp.ndim(x) - 1))
+        count = math.prod(jnp.shape(x)[:-1])
+        if count < 2:
+            raise ShapeError(f"{describe(self)}: training needs at least 2 values per channel to normalise over, got "
+                             f"x.shape={tuple(jnp.shape(x))}")
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - mean), axis=axes)
+        m = self.momentum
+        moved = jax.lax.stop_gradient((mean, var * count / (count - 1)))
+        self.stats.value = {"mean": (m * stats["mean"] + (1 - m) * moved[0]).astype(stats["mean"].dtype),
+                            "var": (m * stats["var"] + (1 - m) * moved[1]).astype(stats["var"].dtype)}
+        return self._affine((x - mean) * jax.lax.rsqrt(var + self.eps))
+
+    def _check_rank(self, x: Any) -> None:
+        pass
+
+
+class BatchNorm1d(BatchNorm):
+    """:class:`BatchNorm` of ``(B, size)`` or ``(B, L, size)`` inputs."""
+
+    def _check_rank(self, x: Any) -> None:
+        if jnp.ndim(x) not in (2, 3):
+            raise ShapeError(f"{describe(self)}: expected (B, {self.features}) or (B, L, {self.features}), got "
+                             f"x.shape={tuple(jnp.shape(x))}")
+
+
+class BatchNorm2d(BatchNorm):
+    """:class:`BatchNorm` of ``(B, H, W, size)`` inputs (channels last)."""
+
+    def _check_rank(self, x: Any) -> None:
+        if jnp.ndim(x) != 4:
+            raise ShapeError(f"{describe(self)}: expected (B, H, W, {self.features}), got x.shape={tuple(jnp.shape(x))}")

@@ -20,15 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
+from .base import training
 
 __all__ = ["Dropout", "DropoutKey", "training"]
-
-
-def training() -> bool:
-    """Whether the layer is being traced for training: ``brainstate.environ``'s ``fit``
-    flag, which the compiler sets while it traces the training step and evaluation
-    clears (unset: evaluation)."""
-    return bool(brainstate.environ.get("fit", False))
 
 
 class DropoutKey(brainstate.LongTermState):

@@ -45,7 +45,14 @@ def dropout():
                          layers.LeakyRateReadout(8, 3, tau=5.0))
 
 
-MODELS = {"gru": gru, "alif": alif, "dropout": dropout}
+def batchnorm():
+    """Batch statistics over the whole (split) batch; running statistics replicated."""
+    return ef.Sequential(layers.Linear(5, 8, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
+                         layers.LIF(8, tau=5.0, v_threshold=0.5), layers.BatchNorm1d(8),
+                         layers.LeakyRateReadout(8, 3, tau=5.0))
+
+
+MODELS = {"gru": gru, "alif": alif, "dropout": dropout, "batchnorm": batchnorm}
 
 
 def data(n=24, steps=7, seed=0):

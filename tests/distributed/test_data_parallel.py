@@ -31,14 +31,14 @@ def runs():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("model", ["gru", "alif", "dropout"])
+@pytest.mark.parametrize("model", ["gru", "alif", "dropout", "batchnorm"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_three_steps_on_four_devices_give_the_one_device_weights(runs, model, algo):
     result = runs["equivalence"][f"{model}/{algo}"]
     assert result["weights"] < 1e-10  # float64: the reduction order alone differs
 
 
-@pytest.mark.parametrize("model", ["gru", "alif", "dropout"])
+@pytest.mark.parametrize("model", ["gru", "alif", "dropout", "batchnorm"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_history_evaluate_and_predict_match_the_one_device_run(runs, model, algo):
     result = runs["equivalence"][f"{model}/{algo}"]
@@ -56,7 +56,7 @@ def test_weights_are_replicated_and_hidden_states_split_over_the_batch_axis(runs
         assert result["weight_sharding"] == {"devices": 4, "spec": []}
         assert result["state_sharding"] and all(s == {"devices": 4, "spec": ["batch"]}
                                                 for s in result["state_sharding"])
-        assert all(s == {"devices": 4, "spec": []} for s in result["key_sharding"])  # a dropout key: replicated
+        assert all(s == {"devices": 4, "spec": []} for s in result["key_sharding"])  # keys, running stats
     assert runs["equivalence"]["dropout/d_rtrl"]["key_sharding"]
 
 
