@@ -156,7 +156,7 @@ class TracedPair:
         return out
 
 
-_CONV_DIMENSIONS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC")}
+_CONV_DIMENSIONS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
 
 def _sum_to_shape(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:

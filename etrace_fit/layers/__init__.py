@@ -7,7 +7,7 @@ Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics
 from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm,
                     LeakyReLU, MaxPool1d, MaxPool2d, ReLU, RMSNorm, SiLU, Softplus, Tanh)
 from .dropout import Dropout
-from .linear import Conv1d, Conv2d, Embedding, Flatten, Linear
+from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, VanillaRNNCell
 from .sequential import Sequential
@@ -50,6 +50,7 @@ __all__ = [
     "STP",
     "Conv1d",
     "Conv2d",
+    "Conv3d",
     "FastSigmoid",
     "Flatten",
     "GRUCell",

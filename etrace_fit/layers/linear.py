@@ -16,7 +16,7 @@ from .. import ops
 from ..errors import ConfigError, ShapeError
 from .base import check_last_axis, describe, make_param
 
-__all__ = ["Conv1d", "Conv2d", "Embedding", "Flatten", "Linear"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
 
@@ -143,7 +143,7 @@ class _ConvNd(brainstate.nn.Module):
     def update(self, x: Any) -> Any:
         ndim = jnp.ndim(x)
         if ndim not in (self.num_spatial + 1, self.num_spatial + 2):
-            layout = "(B, L, C)" if self.num_spatial == 1 else "(B, H, W, C)"
+            layout = {1: "(B, L, C)", 2: "(B, H, W, C)", 3: "(B, D, H, W, C)"}[self.num_spatial]
             raise ShapeError(f"{describe(self)}: expected channels-last input {layout} (batch optional), got x.shape={tuple(jnp.shape(x))}")
         check_last_axis(self, x, self.in_channels, what="channels")
         params = self.weight.value
@@ -191,6 +191,27 @@ class Conv2d(_ConvNd):
     """
 
     num_spatial = 2
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution, channels last (NDHWC input, DHWIO kernel): a clip of frames or
+    a volume per step (event frames binned in time and space).
+
+    Shapes: ``x: (B, D, H, W, in_channels)`` (or without ``B``) →
+    ``y: (B, D_out, H_out, W_out, out_channels)``; ``W: (KD, KH, KW, in_channels, out_channels)``.
+
+    Args:
+        in_channels, out_channels, kernel_size (int or three): sizes.
+        stride, padding, dilation: geometry (int or one per axis).
+        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+
+    Example::
+
+        layer = Conv3d(2, 8, kernel_size=3)
+        y = layer(jnp.ones((4, 5, 16, 16, 2)))  # (4, 5, 16, 16, 8)
+    """
+
+    num_spatial = 3
 
 
 class Flatten(brainstate.nn.Module):

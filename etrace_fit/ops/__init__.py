@@ -8,7 +8,7 @@ from .conv import conv, etp_conv_p
 from .dense import etp_mm_p, etp_mv_p, matmul
 from .elementwise import elementwise, etp_elemwise_p
 from .registry import EtpOp, etp_op_info, is_etp_primitive, registered_ops
-from .weight_fns import Chain, Masked, Positive, SignConstrained
+from .weight_fns import Chain, Masked, Positive, SignConstrained, Standardized
 
 __all__ = [
     "Chain",
@@ -16,6 +16,7 @@ __all__ = [
     "Masked",
     "Positive",
     "SignConstrained",
+    "Standardized",
     "conv",
     "elementwise",
     "etp_conv_p",

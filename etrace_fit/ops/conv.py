@@ -22,7 +22,7 @@ from .registry import EtpOp, apply_weight_fn, check_same_dtype, check_weight_fn,
 __all__ = ["conv", "etp_conv_p"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
-_DIMENSION_NUMBERS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC")}
+_DIMENSION_NUMBERS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
 
 def _conv_no_bias(x, weight, *, strides, padding, dilation):
@@ -45,7 +45,7 @@ def _check_conv_shapes(x_shape, weight_shape, bias_shape) -> None:
     spatial = len(weight_shape) - 2
     if spatial not in _DIMENSION_NUMBERS:
         raise ShapeError(
-            f"etp_conv: weight must have shape (*kernel, C_in, C_out) with a 1-D or 2-D kernel, "
+            f"etp_conv: weight must have shape (*kernel, C_in, C_out) with a 1-D, 2-D or 3-D kernel, "
             f"got weight.shape={tuple(weight_shape)}"
         )
     if len(x_shape) != spatial + 2:

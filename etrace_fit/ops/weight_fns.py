@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Chain", "Masked", "Positive", "SignConstrained"]
+__all__ = ["Chain", "Masked", "Positive", "SignConstrained", "Standardized"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,6 +72,22 @@ class SignConstrained:
 
     def __hash__(self):
         return hash((SignConstrained, self.signs.shape, self.signs.tobytes()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Standardized:
+    """Weight standardisation (Qiao et al. 2019): each output unit's incoming weights
+    (every axis but the last: the kernel and the input channels of a conv) shifted to
+    zero mean and scaled to unit variance, ``(w − mean) / √(var + eps)``. The gradient
+    flows through the statistics (they are part of the weight function)."""
+
+    eps: float = 1e-5
+
+    def __call__(self, w: jax.Array) -> jax.Array:
+        axes = tuple(range(w.ndim - 1))
+        mean = jnp.mean(w, axis=axes, keepdims=True)
+        var = jnp.var(w, axis=axes, keepdims=True)
+        return (w - mean) * jax.lax.rsqrt(var + self.eps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -271,8 +271,8 @@ def test_channel_mismatch_raises_shape_error_naming_op_and_shapes(jit, x_shape, 
 @JIT
 @pytest.mark.parametrize(
     "x_shape, w_shape",
-    [((2, 6, 6, 6, 3), (3, 3, 3, 3, 5)), ((6, 6, 6, 3), (3, 3, 3, 3, 5)), ((2, 3), (3, 5))],
-    ids=["3d-kernel", "3d-kernel-unbatched", "0d-kernel"],
+    [((2, 4, 4, 4, 4, 3), (2, 2, 2, 2, 3, 5)), ((4, 4, 4, 4, 3), (2, 2, 2, 2, 3, 5)), ((2, 3), (3, 5))],
+    ids=["4d-kernel", "4d-kernel-unbatched", "0d-kernel"],
 )
 def test_kernel_with_unsupported_spatial_rank_raises_shape_error(jit, x_shape, w_shape):
     with pytest.raises(ShapeError) as info:
