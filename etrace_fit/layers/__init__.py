@@ -9,7 +9,7 @@ from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, BatchNorm, BatchNorm
 from .dropout import Dropout
 from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear
 from .readout import LeakyRateReadout, LeakySpikeReadout
-from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, VanillaRNNCell
+from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, URLSTMCell, VanillaRNNCell
 from .sequential import Sequential
 from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant, training
 from .lru import LRU
@@ -40,6 +40,7 @@ __all__ = [
     "SiLU",
     "Softplus",
     "Tanh",
+    "URLSTMCell",
     "AlphaSynapse",
     "DualExpSynapse",
     "Dropout",

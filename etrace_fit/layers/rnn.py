@@ -12,12 +12,14 @@ from typing import Any, Callable
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ConfigError
 from .base import check_last_axis, make_state
 from .linear import Linear
 
-__all__ = ["GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "VanillaRNNCell"]
+__all__ = ["GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "URLSTMCell",
+           "VanillaRNNCell"]
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jnp.tanh,
@@ -167,6 +169,56 @@ class LSTMCell(_Cell):
         g = jnp.tanh(self.W_g(xh))
         o = jax.nn.sigmoid(self.W_o(xh))
         self.c.value = f * self.c.value + i * g
+        self.h.value = o * jnp.tanh(self.c.value)
+        return self.h.value
+
+
+class URLSTMCell(_Cell):
+    """UR-LSTM (Gu et al. 2020, "Improving the gating mechanism of recurrent neural
+    networks"): an LSTM whose forget gate is refined by a second gate and starts from
+    the uniform gate initialisation::
+
+        f = σ([x, h] W_f + b_f)   r = σ([x, h] W_r + b_r)   o = σ([x, h] W_o + b_o)
+        u = tanh([x, h] W_u + b_u)
+        g = r ⊙ (1 − (1 − f)²) + (1 − r) ⊙ f²            the effective forget gate
+        c^t = g ⊙ c^{t-1} + (1 − g) ⊙ u
+        h^t = o ⊙ tanh(c^t)
+
+    ``b_f`` starts at ``σ⁻¹(p)`` with ``p`` spread evenly over ``(1/max_timescale,
+    1 − 1/max_timescale)`` across units (the deterministic form of the uniform
+    initialisation), so the cell starts with memories from one step to
+    ``max_timescale`` steps; ``b_r`` starts at ``−b_f``. Online: the gates read ``h``,
+    so like the LSTM it is approximate under D-RTRL (per-unit part of the Jacobian).
+
+    Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)``; states ``h``, ``c``; each
+    ``W_*`` is ``(in_size + hidden_size, hidden_size)``.
+    """
+
+    _hidden_names = ("h", "c")
+
+    def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
+                 max_timescale: float = 1000.0, state_init: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name)
+        if isinstance(max_timescale, bool) or not isinstance(max_timescale, (int, float)) or max_timescale <= 2:
+            raise ConfigError(f"URLSTMCell({in_size}, {hidden_size}): max_timescale must be a number above 2, got "
+                              f"{max_timescale!r}")
+        total = in_size + hidden_size
+        low = 1.0 / max_timescale
+        p = np.linspace(low, 1.0 - low, hidden_size) if hidden_size > 1 else np.array([0.5])
+        forget_bias = np.log(p / (1.0 - p)).astype(np.float64)
+        self.W_f = Linear(total, hidden_size, w_init=w_init, b_init=forget_bias)
+        self.W_r = Linear(total, hidden_size, w_init=w_init, b_init=-forget_bias)
+        self.W_u = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+
+    def update(self, x: Any) -> jax.Array:
+        xh = self._gate(x, self.h.value)
+        f = jax.nn.sigmoid(self.W_f(xh))
+        r = jax.nn.sigmoid(self.W_r(xh))
+        u = jnp.tanh(self.W_u(xh))
+        o = jax.nn.sigmoid(self.W_o(xh))
+        g = r * (1.0 - jnp.square(1.0 - f)) + (1.0 - r) * jnp.square(f)
+        self.c.value = g * self.c.value + (1.0 - g) * u
         self.h.value = o * jnp.tanh(self.c.value)
         return self.h.value
 

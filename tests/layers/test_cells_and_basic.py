@@ -1,4 +1,4 @@
-"""minGRU, minLSTM, MGU, MinimalRNN, activations, pooling and normalisation: forward
+"""minGRU, minLSTM, MGU, MinimalRNN, UR-LSTM, activations, pooling and normalisation: forward
 passes against references written here, every rule against BPTT (float64), and the
 compiler naming each approximation (a normalisation or pooling between a weight and a
 neuron mixes units: it must say so, not train silently wrong)."""
@@ -37,6 +37,8 @@ MODELS = {
                 {"layers.0.W_f.weight", "layers.0.W_h.weight"}),
     "MinimalRNNCell": (lambda: ef.Sequential(L.MinimalRNNCell(3, 5), L.Linear(5, 2)), (3,), False, 0.97, 0.99,
                        {"layers.0.W_u.weight", "layers.0.W_x.weight"}),
+    "URLSTMCell": (lambda: ef.Sequential(L.URLSTMCell(3, 5), L.Linear(5, 2)), (3,), False, 0.95, 0.99,
+                   {"layers.0.W_f.weight", "layers.0.W_r.weight", "layers.0.W_u.weight", "layers.0.W_o.weight"}),
     "LayerNorm between Linear and LIF": (
         lambda: ef.Sequential(L.Linear(3, 5), L.LayerNorm(5), lif(5), L.Linear(5, 2)), (3,), False, 0.9, 0.9,
         {"layers.0.weight"}),
@@ -124,6 +126,30 @@ def test_min_gru_and_min_lstm_follow_their_equations():
         f, i = sig(xs[t] @ wf + bf), sig(xs[t] @ wi + bi)
         h = (f * h + i * (xs[t] @ wh + bh)) / (f + i)
         np.testing.assert_allclose(out_lstm[t], h, rtol=1e-12)
+
+
+def test_ur_lstm_follows_its_equations_and_starts_with_uniform_forget_gates():
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(5, 2, 3))
+    with brainstate.environ.context(precision=64, dt=1.0):
+        cell = L.URLSTMCell(3, 4, max_timescale=100.0)
+        brainstate.nn.init_all_states(cell, batch_size=2)
+        out = np.asarray(brainstate.transform.for_loop(cell, jnp.asarray(xs)))
+    w = lambda layer: (np.asarray(layer.weight.value["weight"]), np.asarray(layer.weight.value["bias"]))  # noqa: E731
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    (wf, bf), (wr, br), (wu, bu), (wo, bo) = w(cell.W_f), w(cell.W_r), w(cell.W_u), w(cell.W_o)
+    np.testing.assert_allclose(sig(bf), np.linspace(0.01, 0.99, 4), rtol=1e-12)  # forget gates 1/100 .. 99/100
+    np.testing.assert_allclose(br, -bf, rtol=1e-12)
+    h, c = np.zeros((2, 4)), np.zeros((2, 4))
+    for t in range(5):
+        xh = np.concatenate([xs[t], h], axis=1)
+        f, r, u, o = sig(xh @ wf + bf), sig(xh @ wr + br), np.tanh(xh @ wu + bu), sig(xh @ wo + bo)
+        g = r * (1 - (1 - f) ** 2) + (1 - r) * f ** 2
+        c = g * c + (1 - g) * u
+        h = o * np.tanh(c)
+        np.testing.assert_allclose(out[t], h, rtol=1e-10, atol=1e-15)
+    with pytest.raises(ConfigError, match=r"URLSTMCell\(3, 4\): max_timescale must be a number above 2"):
+        L.URLSTMCell(3, 4, max_timescale=1)
 
 
 def test_activations_by_name_and_class():
