@@ -84,7 +84,8 @@ def approximations(
             records.append(_record(relation, MIXING_PATH, (
                 f"{name}'s output reaches {', '.join(groups[g].name for g in sorted(own))} through "
                 f"{', '.join(mixers)}, which mixes units (a normalisation, over the batch too, pooling, a reduction): the traces "
-                f"keep each unit's own path only")))
+                f"follow the sum of its effects over the mixed units, which a normalisation that removes the mean "
+                f"(LayerNorm, BatchNorm, GroupNorm) makes zero: the weight then gets its one-step gradient only")))
         plain = weight_uses.get(relation.eqn_index, ())
         if plain:
             records.append(_record(relation, UNTRACED_USE, (

@@ -175,3 +175,29 @@ def test_resume_with_batch_norm_continues_the_running_statistics_exactly(tmp_pat
     for key in ("mean", "var"):
         np.testing.assert_array_equal(np.asarray(straight._model.layers[2].stats.value[key]),
                                       np.asarray(resumed._model.layers[2].stats.value[key]))
+
+
+@pytest.mark.parametrize("norm", [lambda: L.LayerNorm(5), lambda: L.BatchNorm1d(5), lambda: L.GroupNorm(1, 5)],
+                         ids=["layer", "batch", "group"])
+def test_behind_a_mean_removing_norm_d_rtrl_is_exactly_the_one_step_gradient(env64, norm):
+    """The traces follow the sum of a weight's effects over the units the norm mixes;
+    a norm that removes the mean makes that sum zero, so what is left is the one-step
+    gradient, which truncated BPTT with a window of 1 computes independently, and the
+    warning says so."""
+    rng = np.random.default_rng(4)
+    model = ef.Sequential(L.Linear(3, 5, w_init=rng.normal(size=(3, 5))), norm(),
+                          L.LIF(5, tau=5.0, v_threshold=0.5, surrogate="sigmoid"), L.Linear(5, 2))
+    brainstate.nn.init_all_states(model, batch_size=3)
+    xs, ys = jnp.asarray(rng.normal(size=(20, 3, 3)) + 0.5), jnp.asarray(rng.normal(size=(20, 3, 2)))
+    loss = lambda out, y: jnp.sum((out - y) ** 2)  # noqa: E731
+    grads = {}
+    for algo in ("d_rtrl", "tbptt:1", "bptt"):
+        brainstate.nn.reset_all_states(model, batch_size=3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ef.ApproximationWarning)
+            grads[algo] = np.asarray(ef.sequence_grad(model, xs, ys, loss, algo=algo)[0][("layers", 0, "weight")]
+                                     ["weight"])
+        if algo == "d_rtrl":
+            assert any("one-step gradient only" in str(w.message) for w in caught)
+    np.testing.assert_allclose(grads["d_rtrl"], grads["tbptt:1"], rtol=1e-9, atol=1e-12)
+    assert not np.allclose(grads["d_rtrl"], grads["bptt"])  # the history it lacks is real
