@@ -205,9 +205,11 @@ def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray,
     loss in time (``loss_on``: ``"last"``, ``"all"`` averaged, ``"mask"`` averaged per
     sequence); float64 for float64 data, else float32."""
     x = np.asarray(batch.x)
-    if x.ndim < 3:
+    tokens = x.ndim == 2 and np.issubdtype(x.dtype, np.integer)  # ids for an Embedding, as in Keras
+    if x.ndim < 3 and not tokens:
         raise ShapeError(f"x must be {'(time, batch, features)' if time_major else '(batch, time, features)'}"
-                         f" with at least 3 axes, got shape {tuple(x.shape)}")
+                         f" with at least 3 axes, got shape {tuple(x.shape)} ({x.dtype}); only integer ids for "
+                         f"an Embedding may come as {'(time, batch)' if time_major else '(batch, time)'}")
     xs = x if time_major else np.swapaxes(x, 0, 1)
     steps, size = xs.shape[0], xs.shape[1]
     if steps == 0:

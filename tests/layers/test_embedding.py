@@ -53,3 +53,23 @@ def test_an_embedding_driving_a_neuron_is_exact_online(env64, algo):
     table = np.asarray(grads[("layers", 0, "weight")]["weight"])
     unused = sorted(set(range(6)) - set(np.asarray(ids).ravel().tolist()))
     assert all(not table[i].any() for i in unused)  # ids never seen get no gradient
+
+
+@pytest.mark.parametrize("algo", ["hybrid", "bptt"])
+def test_the_trainer_takes_token_ids_as_batch_by_time_as_keras_does(env, algo):
+    """Keras feeds an Embedding ``(batch, time)`` integer arrays; so does fit, evaluate
+    and predict here (float data still needs its feature axis)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, size=(32, 15)).astype(np.int32)
+    y = ((x == 3).sum(axis=1) > 1).astype(np.int32)
+    model = ef.Sequential(L.Embedding(10, 16), L.LIF(16, v_threshold=0.3), L.LeakyRateReadout(16, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        trainer = ef.Trainer(model, algo=algo, optimizer="adam", loss="sparse_categorical_crossentropy")
+        history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert set(trainer.evaluate(x, y, verbose=0)) == {"loss", "accuracy"}
+    assert trainer.predict(x[:4], verbose=0).shape == (4, 2)
+    with pytest.raises(ef.errors.ShapeError, match=r"at least 3 axes, got shape \(8, 15\) \(float32\); only "
+                                                   r"integer ids for an Embedding may come as \(batch, time\)"):
+        trainer.fit(x.astype(np.float32), y, batch_size=8, epochs=1, verbose=0)
