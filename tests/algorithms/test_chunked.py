@@ -170,46 +170,76 @@ class _WithoutAdvance:
             setattr(self, attr, getattr(self._rule, attr))
 
 
+def _weighted(out, target):
+    y, w = target
+    return w * mse(out, y)
+
+
+def _last_and_mask():
+    mask = np.zeros(T, bool)
+    mask[[0, 6, 7, 13, 29]] = True
+    last = np.arange(T) == T - 1
+    return ((last, last), ("last", last), (mask, mask))
+
+
+@pytest.fixture(scope="module")
+def weighted_case():
+    """The ALIF case and BPTT's gradient of each weighted loss (by its flags), shared by
+    the rules (each reference is a compilation)."""
+    case = Case(MODELS["alif"][0], MODELS["alif"][1], (T, B, O), 64)
+    references = {}
+    for _, flags in _last_and_mask():
+        with case.env():
+            brainstate.nn.reset_all_states(case.model, batch_size=B)
+            targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+            references[flags.tobytes()] = reference_bptt(case.model, case.xs, targets, _weighted, B)[0]
+    return case, references
+
+
 @pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl", "without_advance"])
-def test_inactive_steps_skip_only_zero_loss_steps(algo):
+def test_inactive_steps_skip_only_zero_loss_steps(weighted_case, algo):
     """``active`` marks steps whose loss weight is zero: skipping their pull-back gives
     the gradient of the weighted loss exactly, with the loss at the last step only (as
     a flag array and as the static ``"last"``, whose chunks without loss only advance
     the traces, also for ``run_with_updates``) and with a mask. Exactly BPTT's under
-    D-RTRL (ALIF is elementwise), and the same as without flags under every rule."""
-    def weighted(out, target):
-        y, w = target
-        return w * mse(out, y)
-
-    case = Case(MODELS["alif"][0], MODELS["alif"][1], (T, B, O), 64)
-    mask = np.zeros(T, bool)
-    mask[[0, 6, 7, 13, 29]] = True
-    last = np.arange(T) == T - 1
-    for active, flags in ((last, last), ("last", last), (mask, mask)):
-        with case.env(), warnings.catch_warnings():
-            targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
-            warnings.simplefilter("ignore", ef.ApproximationWarning)
-            brainstate.nn.reset_all_states(case.model, batch_size=B)
-            rule = _WithoutAdvance() if algo == "without_advance" else algo
-            graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, weighted, algo=rule)
-            program = build_online(graph, plan.pairs, plan.rules, weighted, trace_dtype=plan.trace_dtype, chunk=7)
-            module = graph.module
-            weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
-            args = (weights, module.state_leaves(), [case.xs], targets)
-            full, full_losses, _ = jax.jit(program.run)(*args)
-            flag = active if isinstance(active, str) else jnp.asarray(active)
-            skipped, losses, _ = jax.jit(lambda *a: program.run(*a, active=flag))(*args)
-            sgd = optax.sgd(0.1)
-            with_flags = jax.jit(lambda *a: program.run_with_updates(*a, sgd, sgd.init(weights), 4, active=flag))(
-                *args)[0]
-            without = jax.jit(lambda *a: program.run_with_updates(*a, sgd, sgd.init(weights), 4))(*args)[0]
-            brainstate.nn.reset_all_states(case.model, batch_size=B)
-            ref, _ = reference_bptt(case.model, case.xs, targets, weighted, B)
-        np.testing.assert_allclose(np.asarray(losses), np.asarray(full_losses), rtol=1e-12)
-        ref_leaves = [np.asarray(leaf) for s in module.weights for leaf in jax.tree.leaves(ref[s.path])]
-        for g, f, r in zip(skipped, full, ref_leaves):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(f), rtol=1e-10, atol=1e-14)
-            if algo != "esd_rtrl":
-                assert float(np.max(np.abs(np.asarray(g) - r))) <= 1e-8 * float(np.max(np.abs(r)))
-        for a, b in zip(with_flags, without):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-14)
+    D-RTRL (ALIF is elementwise), and the same as without flags under every rule. The
+    programs are compiled once per rule and called with each loss placement."""
+    case, references = weighted_case
+    sgd = optax.sgd(0.1)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        targets = (case.ys, jnp.ones((T,), case.ys.dtype))
+        rule = _WithoutAdvance() if algo == "without_advance" else algo
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo=rule)
+        program = build_online(graph, plan.pairs, plan.rules, _weighted, trace_dtype=plan.trace_dtype, chunk=7)
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        states = module.state_leaves()
+        opt = sgd.init(weights)
+        full_run = jax.jit(program.run)
+        flagged_run = jax.jit(lambda w, s, x, t, flag: program.run(w, s, x, t, active=flag))
+        last_run = jax.jit(lambda w, s, x, t: program.run(w, s, x, t, active="last"))
+        full_updates = jax.jit(lambda w, s, x, t: program.run_with_updates(w, s, x, t, sgd, opt, 4))
+        flagged_updates = jax.jit(lambda w, s, x, t, flag: program.run_with_updates(w, s, x, t, sgd, opt, 4,
+                                                                                    active=flag))
+        last_updates = jax.jit(lambda w, s, x, t: program.run_with_updates(w, s, x, t, sgd, opt, 4, active="last"))
+        for active, flags in _last_and_mask():
+            args = (weights, states, [case.xs], (case.ys, jnp.asarray(flags, case.ys.dtype)))
+            full, full_losses, _ = full_run(*args)
+            if isinstance(active, str):
+                skipped, losses, _ = last_run(*args)
+                with_flags = last_updates(*args)[0]
+            else:
+                skipped, losses, _ = flagged_run(*args, jnp.asarray(active))
+                with_flags = flagged_updates(*args, jnp.asarray(active))[0]
+            without = full_updates(*args)[0]
+            ref = references[flags.tobytes()]
+            np.testing.assert_allclose(np.asarray(losses), np.asarray(full_losses), rtol=1e-12)
+            ref_leaves = [np.asarray(leaf) for s in module.weights for leaf in jax.tree.leaves(ref[s.path])]
+            for g, f, r in zip(skipped, full, ref_leaves):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(f), rtol=1e-10, atol=1e-14)
+                if algo != "esd_rtrl":
+                    assert float(np.max(np.abs(np.asarray(g) - r))) <= 1e-8 * float(np.max(np.abs(r)))
+            for a, b in zip(with_flags, without):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-14)
