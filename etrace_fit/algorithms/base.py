@@ -12,6 +12,9 @@ one canonical form so a rule is written once:
     dY (B, P, O)        ∂L^t/∂y^t, the op output's gradient over every path of step t
                         (dense and conv pairs; None for elementwise ones and for a
                         relation's second pair)
+    psi (B, P, O, S)    only under a signal replacement (e-prop, ``eprop.py``): the
+                        readout input's derivative ∂z^t/∂h^t per unit; ``G`` is then
+                        the readout's learning signal per unit ``(B, P, O)``
 
 and a rule returns the step's gradient with respect to the *effective* weight ``(K, O)``
 (the op's weight after its weight function, with the bias as row ``K-1``): the exact
@@ -44,6 +47,7 @@ class PairSignals(NamedTuple):
     Df: jax.Array
     G: jax.Array
     dY: jax.Array | None = None
+    psi: jax.Array | None = None
 
 
 class Rule(Protocol):

@@ -21,7 +21,7 @@ from jax import lax
 
 from .base import PairSignals, TracedPair
 
-__all__ = ["DRTRL"]
+__all__ = ["DRTRL", "advance_trace"]
 
 
 def _apply(M: jax.Array, v: jax.Array) -> jax.Array:
@@ -37,6 +37,17 @@ def _transpose_apply(M: jax.Array, v: jax.Array) -> jax.Array:
 def _matmul(A: jax.Array, M: jax.Array) -> jax.Array:
     """``A M`` per unit (written out over the few states: it fuses)."""
     return sum(A[..., :, r, None] * M[..., None, r, :] for r in range(M.shape[-1]))
+
+
+def advance_trace(traces: jax.Array, X: jax.Array, D: jax.Array, Df: jax.Array) -> jax.Array:
+    """One step of the trace: ``ε^t = D ε^{t-1} + Df ⊗ X`` (``traces (B, P, S, K, O)``)."""
+    # Σ_r D[..., s, r] · trace[..., r] written out over the few states: XLA fuses
+    # these products, where an einsum with a tiny contraction became a slow
+    # batched matmul (3.5x slower per step on CPU, B=32, K=41, O=100, S=2).
+    states = traces.shape[2]
+    carried = jnp.stack([sum(D[:, :, None, :, s, r] * traces[:, :, r] for r in range(states))
+                         for s in range(states)], axis=2)
+    return (carried + X[:, :, None, :, None] * jnp.moveaxis(Df, -1, 2)[:, :, :, None, :]).astype(traces.dtype)
 
 
 class DRTRL:
@@ -61,15 +72,8 @@ class DRTRL:
         return batch * pair.positions * pair.patch * pair.outputs * pair.num_states * itemsize
 
     def step(self, traces: jax.Array, signals: PairSignals, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-        X, D, Df, G, dY = signals
-        dtype = traces.dtype
-        # Σ_r D[..., s, r] · trace[..., r] written out over the few states: XLA fuses
-        # these products, where an einsum with a tiny contraction became a slow
-        # batched matmul (3.5x slower per step on CPU, B=32, K=41, O=100, S=2).
-        states = traces.shape[2]
-        carried = jnp.stack([sum(D[:, :, None, :, s, r] * traces[:, :, r] for r in range(states))
-                             for s in range(states)], axis=2)
-        new = (carried + X[:, :, None, :, None] * jnp.moveaxis(Df, -1, 2)[:, :, :, None, :]).astype(dtype)
+        X, D, Df, G, dY = signals[:5]
+        new = advance_trace(traces, X, D, Df)
         grad = jnp.einsum("bpos,bpsko->ko", G, traces)
         if dY is not None:  # the one-step part
             grad = grad + jnp.einsum("bpk,bpo->ko", X, dY)
@@ -85,7 +89,7 @@ class DRTRL:
         and ``E_C = (D_C⋯D_1) E_0 + Σ_r (D_C⋯D_{r+1} Df_r) ⊗ X_r``. Suffix products come
         from a reverse scan, never a division (a hard reset has ``D = 0``).
         """
-        X, D, Df, G, dY = signals
+        X, D, Df, G, dY = signals[:5]
         shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
         C, rows, K, O = X.shape[0], shape[0] * shape[1], shape[3], shape[4]  # rows: samples × positions
         S = range(states)

@@ -58,7 +58,7 @@ class ESDRTRL:
         return batch * pair.positions * (pair.patch + pair.outputs * pair.num_states) * itemsize
 
     def step(self, traces, signals: PairSignals, t: jax.Array):
-        X, D, Df, G, dY = signals
+        X, D, Df, G, dY = signals[:5]
         eps_x, eps_f = traces
         alpha = self.alpha
         dtype = jnp.promote_types(G.dtype, jnp.float32)
@@ -86,7 +86,7 @@ class ESDRTRL:
         for both parts (``X_jᵀ (dY_j + h̃_j)``) and a small one for the chunk's start.
         Only ``ε_f`` (the size of the layer's output) advances step by step.
         """
-        X, D, Df, G, dY = signals
+        X, D, Df, G, dY = signals[:5]
         eps_x, eps_f = traces
         alpha = self.alpha
         dtype = jnp.promote_types(Df.dtype, jnp.float32)

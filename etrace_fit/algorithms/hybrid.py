@@ -23,8 +23,9 @@ from ..compiler import DiagnosticKind, ETraceGraph, format_path
 from ..errors import ConfigError
 from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
+from .eprop import EPropRule
 from .esd_rtrl import ESDRTRL
-from .registry import ONLINE_ALGOS, check_algo, make_rule, sequence_algo
+from .registry import ONLINE_ALGOS, check_algo, make_rule, sequence_algo, signal_algo
 
 __all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "format_bytes", "make_plan", "parse_bytes"]
 
@@ -56,6 +57,8 @@ class Plan:
     trace_dtype: Any
     memory_budget: int | None = None  # bytes per sample (None: the default)
     hybrid: bool = False  # whether the hybrid chose any rule (the budget line of the report)
+    feedback: Any = None  # a signal replacement's Feedback (e-prop), read by the step program
+    signal: Any = None  # the signal replacement itself (EProp), for the report
 
     def trace_bytes(self, batch: int | None = None) -> tuple[int, ...]:
         """Trace bytes per pair at ``batch`` (default: the plan's batch)."""
@@ -86,6 +89,12 @@ class Plan:
                 found.setdefault(format_path(pair.relation.weight_path), []).append(
                     f"ES-D-RTRL factorises its trace into input and output parts (exact only where "
                     f"{pair.group.name}'s Jacobian is the constant decay {rule.alpha:g}; biases are exact)")
+            elif isinstance(rule, EPropRule):  # e-prop's own account replaces the compiler's
+                feedback = "the readout's weights" if self.feedback.matrix is None else "a fixed random matrix"
+                found[format_path(pair.relation.weight_path)] = [
+                    f"e-prop: the learning signal is the readout's error fed back through {feedback} (eligibility "
+                    f"filtered with the readout's decay κ = {rule.kappa:g}); the paths through the recurrent "
+                    f"weights to later steps are dropped"]
             elif not isinstance(rule, (DRTRL, ESDRTRL)):
                 found.setdefault(format_path(pair.relation.weight_path), []).append(
                     f"rule {rule.name!r} is not one whose exactness the library knows")
@@ -182,6 +191,9 @@ def make_plan(
         raise ConfigError(f"BPTT has no plan: make_plan takes an online algo; valid: "
                           f"{', '.join(map(repr, ONLINE_ALGOS))}, a rule value, or a dict")
     check_algo(algo)
+    replacement = signal_algo(algo)
+    if replacement is not None:  # e-prop: its own plan
+        return replacement.plan(graph, batch=batch, trace_dtype=trace_dtype, memory_budget=budget)
     if isinstance(algo, Mapping):
         overrides, default = algo, "hybrid"
         for pattern in overrides:

@@ -209,7 +209,7 @@ class Learner:
             else:
                 plan = self._plan_on(graph)
                 program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype,
-                                       sharded=self.placement is not None)
+                                       sharded=self.placement is not None, feedback=plan.feedback)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
         return self._compiled[key]
 

@@ -27,6 +27,7 @@ from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair, scalar_loss
+from .eprop import new_state_vars
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
@@ -113,8 +114,10 @@ class StepProgram:
 
 
 def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_loss: Callable,
-                       trace_dtype: Any) -> StepProgram:
-    """The :class:`StepProgram` of ``graph`` for ``pairs``."""
+                       trace_dtype: Any, feedback: Any = None) -> StepProgram:
+    """The :class:`StepProgram` of ``graph`` for ``pairs``; with ``feedback`` (e-prop's,
+    ``eprop.Feedback``) the pairs into the group the readout reads get e-prop's signals
+    instead (``G`` the readout's error fed back per unit, ``psi`` = ∂z^t/∂h^t)."""
     module = graph.module
     jaxpr, consts = module.closed_jaxpr.jaxpr, list(module.closed_jaxpr.consts)
     num_outputs = len(module.output_vars)
@@ -132,6 +135,18 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         if eqn.primitive.name != "etp_elemwise":
             capture[eqn.invars[0]] = True
     hidden_positions = [module.leaf_offsets[state.path] for state in hidden]
+    # e-prop: the readout's input x (perturbed for the learning signal ∂L^t/∂x, with the
+    # readout's transpose swapped for B under random feedback) and the read group's new
+    # states (replaced, to differentiate x with respect to them: ψ).
+    readout_x = read_vars = read_group = None
+    eprop_pairs: set = set()
+    if feedback is not None:
+        readout_eqn = eqns[feedback.readout]
+        readout_x_index = etp_op_info(readout_eqn.primitive).x_index
+        readout_x = readout_eqn.invars[readout_x_index]
+        read_group = graph.hidden_groups[feedback.group]
+        read_vars = {var: s for s, var in enumerate(new_state_vars(graph, read_group))}
+        eprop_pairs = {p.index for p in pairs if p.group.index == feedback.group}
     # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
     # GEMM with the history part), so the pull-back stops at their trainable operands
     # and returns δy = ∂L^t/∂y instead. Dense and conv ops no pair traces (deferred)
@@ -150,9 +165,10 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     def assemble(weights, others):
         return _assemble(weight_positions, other_positions, weights, others)
 
-    def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target):
+    def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target, x_perturbation=None):
         """One step as a function of the weights, the previous hidden values and a
-        perturbation of each fused relation's output."""
+        perturbation of each fused relation's output (and, for e-prop, of the
+        readout's input)."""
         leaves = assemble(weights, others)
         for position, value in zip(hidden_positions, hidden_prev):
             leaves[position] = value
@@ -160,14 +176,22 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         captured = {}
 
         def override(index, eqn, invals):
-            if index not in perturbation_of:
+            random_feedback = feedback is not None and feedback.matrix is not None and index == feedback.readout
+            if index not in perturbation_of and not random_feedback:
                 return None
             invals = list(invals)
-            for position in fused_positions[index]:
+            for position in fused_positions.get(index, ()):
                 invals[position] = lax.stop_gradient(invals[position])
-            return [_compat.eval_equation(eqn, invals)[0] + perturbation_of[index]]
+            out = _compat.eval_equation(eqn, invals)[0] if not random_feedback else None
+            if random_feedback:  # the forward value as is; x's cotangent through B instead of Wᵀ
+                x = invals[readout_x_index]
+                invals[readout_x_index] = lax.stop_gradient(x)
+                out = _compat.eval_equation(eqn, invals)[0] + (x - lax.stop_gradient(x)) @ feedback.matrix
+            return [out + perturbation_of[index] if index in perturbation_of else out]
 
         def on_write(var, value):
+            if x_perturbation is not None and var is readout_x:
+                value = value + x_perturbation
             if var in capture:
                 captured[var] = value
             return value
@@ -221,26 +245,48 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                     sensitivities[pair.index] = outs[groups.index(pair.group)][directions.index(("y", m, None))]
         return jacobians, sensitivities
 
+    def readout_sensitivity(leaves, input_leaves, h_new):
+        """ψ = ∂x/∂h^t per unit ``(B, ..., S)``: the readout's input ``x`` as a function of
+        the read group's new states, one tangent per state (vmapped)."""
+        def readout_input(h):
+            found = {}
+
+            def on_write(var, value):
+                if var in read_vars:
+                    value = h[..., read_vars[var]].astype(value.dtype)
+                if var is readout_x:
+                    found["x"] = value
+                return value
+
+            _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], on_write=on_write)
+            return found["x"]
+
+        _, linear = jax.linearize(readout_input, h_new)
+        tangents = jnp.stack([jnp.zeros_like(h_new).at[..., s].set(1.0) for s in range(h_new.shape[-1])])
+        return jnp.moveaxis(jax.vmap(linear)(tangents), 0, -1)
+
     def signals(weights, others, input_leaves, target, active=None):
         weights, others, input_leaves = list(weights), list(others), list(input_leaves)
         leaves = assemble(weights, others)
         hidden_prev = [leaves[position] for position in hidden_positions]
         y_zeros = [jnp.zeros(a.shape, a.dtype) for a in y_avals]
+        x_zero = None if readout_x is None else jnp.zeros(readout_x.aval.shape, readout_x.aval.dtype)
 
         def with_pullback():
             loss, pullback, aux = jax.vjp(
-                lambda w, h, p: forward(w, h, p, others, input_leaves, target), weights, hidden_prev, y_zeros,
-                has_aux=True)
+                lambda w, h, p, xp: forward(w, h, p, others, input_leaves, target, xp), weights, hidden_prev,
+                y_zeros, x_zero, has_aux=True)
             # One pull-back with h^{t-1} as an input (docs/theory.md §5.8): the exact one-step
             # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the
-            # rule turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1}.
-            weight_grads, hidden_signals, output_grads = pullback(jnp.ones_like(loss))
-            return loss, aux, (list(weight_grads), list(hidden_signals), list(output_grads))
+            # rule turns into X^T δy), and the learning signal ∂L^t/∂h^{t-1} (e-prop:
+            # ∂L^t/∂x at the readout's input as well).
+            weight_grads, hidden_signals, output_grads, x_signal = pullback(jnp.ones_like(loss))
+            return loss, aux, (list(weight_grads), list(hidden_signals), list(output_grads), x_signal)
 
         def without_pullback():
             loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target)
             zeros = ([jnp.zeros_like(w) for w in weights], [jnp.zeros_like(h) for h in hidden_prev],
-                     [jnp.zeros_like(y) for y in y_zeros])
+                     [jnp.zeros_like(y) for y in y_zeros], None if x_zero is None else jnp.zeros_like(x_zero))
             return loss, aux, zeros
 
         if active is None or active is True:
@@ -250,7 +296,12 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         else:
             loss, aux, grads = lax.cond(active, with_pullback, without_pullback)
         new_others, captured_values, outputs = aux
-        weight_grads, hidden_signals, output_grads = grads
+        weight_grads, hidden_signals, output_grads, x_signal = grads
+        psi = None
+        if read_group is not None:
+            new_leaves = assemble(weights, new_others)
+            h_new = jnp.stack([new_leaves[state_position[path]] for path in read_group.paths], axis=-1)
+            psi = readout_sensitivity(leaves, input_leaves, h_new)
         captured = dict(zip(capture, captured_values))
         output_grad_of = dict(zip(fused, output_grads))
 
@@ -260,14 +311,24 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         for pair, eqn in zip(pairs, pair_eqns):
             index = pair.relation.eqn_index
             dY = G = None
+            batch = hidden_prev[0].shape[0]
+            x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
+            if pair.index in eprop_pairs:  # e-prop: the readout's error per unit, and ψ
+                one_step_taken.add(index)
+                if active is not False:
+                    G = pair.canonical_units(x_signal, 0).astype(trace_dtype)
+                pair_signals.append(PairSignals(
+                    X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
+                    D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
+                    Df=pair.canonical_units(sensitivities[pair.index], 1).astype(trace_dtype),
+                    G=G, psi=pair.canonical_units(psi, 1).astype(trace_dtype)))
+                continue
             if index in output_grad_of and index not in one_step_taken and active is not False:  # once per relation
                 one_step_taken.add(index)
                 dY = pair.canonical_units(output_grad_of[index], 0).astype(trace_dtype)
             if active is not False:  # statically without signal: G and dY are None
                 G = pair.canonical_units(jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1), 1)
                 G = G.astype(trace_dtype)
-            batch = hidden_prev[0].shape[0]
-            x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
             pair_signals.append(PairSignals(
                 X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
                 D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
@@ -373,14 +434,16 @@ def build_online(
     trace_dtype: Any = jnp.float32,
     chunk: int | None = None,
     sharded: bool = False,
+    feedback: Any = None,
 ) -> OnlineProgram:
     """The online program for ``pairs`` trained by ``rules`` (one rule per pair), over
     chunks of ``chunk`` steps (default: :func:`chunk_size`). ``sharded``: the batch is
-    split over devices (a rule with ``for_sharding`` is swapped for that form)."""
+    split over devices (a rule with ``for_sharding`` is swapped for that form).
+    ``feedback``: a signal replacement's (``Plan.feedback``, e-prop)."""
     if sharded:
         rules = tuple(rule.for_sharding() if hasattr(rule, "for_sharding") else rule for rule in rules)
     module = graph.module
-    program = build_step_program(graph, pairs, step_loss, trace_dtype)
+    program = build_step_program(graph, pairs, step_loss, trace_dtype, feedback)
     batch = pairs[0].group.shape[0] if pairs else 1
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
     weight_positions = program.weight_positions

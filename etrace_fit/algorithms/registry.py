@@ -7,7 +7,11 @@ to :data:`RULES` — or pass the value itself as ``algo`` (alone, or as a value 
 ``{path pattern: rule}`` dict). A *sequence-level algorithm* (BPTT, truncated BPTT) is a
 value with ``name`` and ``build(graph, step_loss) -> OnlineProgram`` that replaces the
 plan for the whole model: :data:`SEQUENCE_ALGOS` by name, ``"tbptt:<window>"``, or the
-value itself (:func:`sequence_algo`). Everything that lists or validates
+value itself (:func:`sequence_algo`). A *signal replacement* (e-prop) keeps the trace
+rules but feeds them another learning signal: a value with ``name`` and
+``plan(graph, batch=, trace_dtype=, memory_budget=) -> Plan`` whose plan carries a
+``feedback`` for the step program (``"eprop"``, ``"eprop:random"`` or the value:
+:func:`signal_algo`). Everything that lists or validates
 algorithms (the plan, ``compile``, the ``Trainer``, the ``etrace-fit`` command, their
 error messages) reads this module.
 """
@@ -20,10 +24,11 @@ from ..errors import ConfigError
 from .base import Rule
 from .bptt import BPTT, TBPTT
 from .d_rtrl import DRTRL
+from .eprop import EProp, parse_eprop
 from .esd_rtrl import ESDRTRL
 
-__all__ = ["ALGOS", "ONLINE_ALGOS", "RULES", "SEQUENCE_ALGOS", "check_algo", "is_rule", "make_rule",
-           "sequence_algo"]
+__all__ = ["ALGOS", "ONLINE_ALGOS", "RULES", "SEQUENCE_ALGOS", "SIGNAL_ALGOS", "check_algo", "is_rule",
+           "make_rule", "sequence_algo", "signal_algo"]
 
 #: Trace rules by name: a factory of the ES smoothing factor α.
 RULES: dict[str, Callable[[float], Rule]] = {
@@ -32,14 +37,27 @@ RULES: dict[str, Callable[[float], Rule]] = {
 }
 #: Sequence-level choices on top of the trace rules (as registered at import; the
 #: checks below read RULES itself, so a rule registered later is accepted too).
-ONLINE_ALGOS = (*RULES, "hybrid")
+#: Signal replacements by name (``"eprop:random"``, ``":seed=N"``, ``":kappa=F"``
+#: give other :class:`EProp` values).
+SIGNAL_ALGOS: dict[str, Any] = {"eprop": EProp()}
+ONLINE_ALGOS = (*RULES, "hybrid", *SIGNAL_ALGOS)
 ALGOS = (*ONLINE_ALGOS, "bptt")
 #: Sequence-level algorithms by name (``"tbptt:<window>"`` gives :class:`TBPTT`).
 SEQUENCE_ALGOS: dict[str, Any] = {"bptt": BPTT()}
 
 
 def _algos() -> tuple[str, ...]:
-    return (*RULES, "hybrid", *SEQUENCE_ALGOS)
+    return (*RULES, "hybrid", *SIGNAL_ALGOS, *SEQUENCE_ALGOS)
+
+
+def signal_algo(algo: Any) -> Any:
+    """The signal replacement ``algo`` names or is (``"eprop"``, ``"eprop:random"``,
+    ``EProp(...)``, or any value with ``plan``), or None."""
+    if isinstance(algo, str):
+        return SIGNAL_ALGOS[algo] if algo in SIGNAL_ALGOS else parse_eprop(algo)
+    if callable(getattr(algo, "plan", None)) and isinstance(getattr(algo, "name", None), str):
+        return algo
+    return None
 
 
 def sequence_algo(algo: Any) -> Any:
@@ -85,8 +103,8 @@ def check_algo(algo: Any) -> None:
         for rule in algo.values():
             make_rule(rule, 0.9)
         return
-    if sequence_algo(algo) is not None:
+    if sequence_algo(algo) is not None or signal_algo(algo) is not None:
         return
     if not is_rule(algo) and algo not in _algos():
-        raise ConfigError(f"unknown algo {algo!r}; valid: {_names(_algos())}, 'tbptt:<window>', a rule value, or "
+        raise ConfigError(f"unknown algo {algo!r}; valid: {_names(_algos())}, 'tbptt:<window>', 'eprop:random', a rule value, or "
                           f"a dict {{path pattern: {' | '.join(repr(n) for n in RULES)}}}")

@@ -28,7 +28,7 @@ import optax
 
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, _states_at, compile as compile_learner
-from ..algorithms.registry import check_algo, sequence_algo
+from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
@@ -168,7 +168,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream: int | None = None  # stateful: the running streams' batch size; None: start afresh
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else
-                           str(algo) if sequence_algo(algo) is not None else algo, loss=loss if isinstance(loss, str) else None,
+                           str(algo) if sequence_algo(algo) is not None or signal_algo(algo) is not None else algo, loss=loss if isinstance(loss, str) else None,
                            loss_callable=None if isinstance(loss, str) or loss is None else
                            getattr(loss, "__name__", type(loss).__name__),
                            optimizer=optimizer if isinstance(optimizer, str) else None,

@@ -63,7 +63,7 @@ def test_a_registered_rule_is_accepted_by_name_everywhere(monkeypatch):
         by_name, _ = learner.grad(case.xs, case.ys)
     by_value, _ = case.run(OneStepOnly())
     assert_grads_match(by_name, by_value, 1e-12)
-    with pytest.raises(ef.ConfigError, match="'d_rtrl', 'esd_rtrl', 'one_step_only', 'hybrid', 'bptt'"):
+    with pytest.raises(ef.ConfigError, match="'d_rtrl', 'esd_rtrl', 'one_step_only', 'hybrid', 'eprop', 'bptt'"):
         registry.check_algo("nope")
 
 

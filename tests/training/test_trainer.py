@@ -79,7 +79,7 @@ def test_update_every_trains_online_inside_the_sequence():
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(algo="rtrl"), "'d_rtrl', 'esd_rtrl', 'hybrid', 'bptt'"),
+    (dict(algo="rtrl"), "'d_rtrl', 'esd_rtrl', 'hybrid', 'eprop', 'bptt'"),
     (dict(loss="hinge"), "cross_entropy, sparse_categorical_crossentropy"),
     (dict(metrics=["f1"]), "accuracy, acc, "),
     (dict(loss_on="first"), "last, all, mask"),
