@@ -283,8 +283,10 @@ readout) and approximate for dense recurrent weights (the GRU's and LSTM's gates
 GRU's reset gate `W_r`, whose effect passes through another weight, gets the one-step
 gradient only). Every online rule follows a weight through its own layer's hidden
 states, so a path that leaves a layer and comes back through a *later* layer's memory
-is dropped: the first layer's weights of `two_lif` (through the second LIF layer) and
-of `alif_readout` (through the stateful readout). ES-D-RTRL further factorises each
+is dropped: the first layer's weights of `two_lif` (through the second LIF layer). The
+one later memory the traces follow is a leaky readout with a fixed τ: the layer it
+reads carries one more trace state per unit (docs/theory.md §5.10), which makes D-RTRL
+exact on `alif_readout` (before that change: 0.85 at T = 50, 0.63 at T = 200). ES-D-RTRL further factorises each
 D-RTRL trace into an input trace and a state trace: it matches D-RTRL on biases (their
 input trace is a leaky sum of ones) and approximates it on weight matrices. `hybrid`
 puts each weight on D-RTRL or ES-D-RTRL by its trace memory (docs/algorithms.md).

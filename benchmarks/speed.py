@@ -213,11 +213,12 @@ def targets_table(results) -> list[str]:
         verdict = "PASS" if r["wall_ratio"] <= bound else "MISS"
         lines.append(f"| {title} | {name} | {r['wall_ratio']:.2f} (wall) | {r['cpu_ratio']:.2f} | {verdict} |")
     notes = []
-    for name in MODELS:  # temp memory flat in T for the online rules; BPTT's for contrast
-        short, long = (find(results, model=name, H=128, B=16, T=t, loss="all") for t in (200, 2000))
+    for name, loss in [(name, loss) for name in MODELS for loss in ("all", "last")]:
+        # temp memory flat in T for the online rules, wherever the loss is; BPTT's for contrast
+        short, long = (find(results, model=name, H=128, B=16, T=t, loss=loss) for t in (200, 2000))
         for rule in RULES:
-            title = (f"{LABELS[rule]} temp T=2000 ≤ 1.05× T=200" if rule != "bptt"
-                     else "BPTT temp T=2000 / T=200 (grows)")
+            title = (f"{LABELS[rule]} temp T=2000 ≤ 1.05× T=200 (loss {loss})" if rule != "bptt"
+                     else f"BPTT temp T=2000 / T=200 (loss {loss}, grows)")
             if short is None or long is None:
                 lines.append(f"| {title} | {name} | — | — | not measured |")
                 continue
@@ -226,7 +227,7 @@ def targets_table(results) -> list[str]:
             lines.append(f"| {title} | {name} | {ratio:.3f} (temp) | — | {verdict} |")
             if verdict == "MISS":  # compare the growth with the size of the inputs and targets per step
                 growth = (long["rules"][rule]["temp"] - short["rules"][rule]["temp"]) / (2000 - 200)
-                notes.append(f"{name} {rule}: +{growth / 1024:.1f} KiB per step (inputs and targets: "
+                notes.append(f"{name} {rule} (loss {loss}): +{growth / 1024:.1f} KiB per step (inputs and targets: "
                              f"{16 * (I + O + 1) * 4 / 1024:.1f} KiB per step; chunk "
                              f"{long['rules'][rule]['chunk']})")
     if notes:

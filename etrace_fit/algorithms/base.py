@@ -6,7 +6,8 @@ one canonical form so a rule is written once:
 
     X  (B, P, K)        the op's input per position (conv: patches; elementwise: ones),
                         with a column of ones appended when the op has a bias
-    D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1}
+    D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1} (with a readout
+                        memory, ``readout.py``, one more state ``ē`` per unit)
     Df (B, P, O, S)     ∂h^t/∂y^t per unit
     G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (docs/theory.md §5.8)
     dY (B, P, O)        ∂L^t/∂y^t, the op output's gradient over every path of step t
@@ -88,6 +89,9 @@ class TracedPair:
         positions: ``P`` (output positions sharing the weight: 1 unless conv).
         patch: ``K`` (input features per position, bias column included).
         outputs: ``O`` (units per position).
+        readout_memory: the group reaches a leaky readout unit by unit, and the pair
+            carries one more state per unit, ``ē``, for the readout's memory
+            (``readout.py``, docs/theory.md §5.10): ``S`` is the group's states + 1.
     """
 
     index: int
@@ -97,6 +101,7 @@ class TracedPair:
     positions: int = 1
     patch: int = 1
     outputs: int = 1
+    readout_memory: bool = False
 
     @property
     def kind(self) -> str:
@@ -108,7 +113,8 @@ class TracedPair:
 
     @property
     def num_states(self) -> int:
-        return self.group.num_states
+        """``S``: the group's states, plus the readout memory's ``ē`` if carried."""
+        return self.group.num_states + int(self.readout_memory)
 
     @property
     def unit_shape(self) -> tuple[int, ...]:

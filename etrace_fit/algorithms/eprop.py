@@ -36,13 +36,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat
-from ..compiler import ETraceGraph, format_path, group_jacobian
-from ..compiler._dataflow import is_boundary, is_elementwise
+from ..compiler import ETraceGraph, format_path
 from ..errors import ConfigError
 from ..ops import etp_op_info
 from .base import PairSignals, TracedPair, traced_pairs
 from .d_rtrl import DRTRL, advance_trace
+from .readout import dense_readouts, groups_reaching, readout_decay, reading_is_elementwise
 
 __all__ = ["EProp", "EPropRule", "Feedback", "parse_eprop"]
 
@@ -160,7 +159,7 @@ class EProp:
         naming what is missing when the model is not one e-prop takes)."""
         module = graph.module
         eqns = module.jaxpr.eqns
-        dense = [i for i, eqn in enumerate(eqns) if _is_dense_readout(eqn)]
+        dense = dense_readouts(graph)
         if not dense:
             raise ConfigError("algo='eprop': the step has no dense ETP op to read out from (e-prop feeds the "
                               "readout's error back; end the model with Linear or LeakyRateReadout)")
@@ -170,7 +169,7 @@ class EProp:
         x_var = eqn.invars[op.x_index]
         weight_shape = tuple(op.split_operands(list(eqn.invars))[1]["weight"].aval.shape)
         what = f"the readout ({eqn.primitive.name} {weight_shape[0]} → {weight_shape[-1]}, the step's last dense op)"
-        reading = _groups_reaching(graph, x_var)
+        reading = groups_reaching(graph, x_var)
         if len(reading) != 1:
             found = ", ".join(graph.hidden_groups[g].name for g in reading) or "none"
             raise ConfigError(f"algo='eprop': {what} must read the spikes of one recurrent layer; it reads the "
@@ -237,50 +236,6 @@ def parse_eprop(name: str) -> EProp | None:
 
 
 # ------------------------------------------------------------ reading the model
-def _is_dense_readout(eqn: Any) -> bool:
-    op = etp_op_info(eqn.primitive)
-    if op is None or op.kind != "dense" or op.x_index is None:
-        return False
-    weight = op.split_operands(list(eqn.invars))[1].get("weight")
-    return weight is not None and len(weight.aval.shape) == 2 and not isinstance(eqn.invars[op.x_index],
-                                                                                  _compat.Literal)
-
-
-def new_state_vars(graph: ETraceGraph, group: Any) -> list:
-    """The jaxpr variables holding ``group``'s new states, in state order."""
-    module = graph.module
-    outvars = module.jaxpr.outvars
-    offset = len(module.output_vars)
-    return [outvars[offset + module.leaf_offsets[path]] for path in group.paths]
-
-
-def _reach(graph: ETraceGraph, sources: list) -> tuple[set, set]:
-    """``(reached, mixed)``: the variables computed from ``sources`` without passing a
-    trainable dense/conv op, and those among them that some path reaches through an
-    op that mixes units (a reduction, a reshape)."""
-    reached = {v for v in sources if not isinstance(v, _compat.Literal)}
-    mixed: set = set()
-    for eqn in graph.module.jaxpr.eqns:
-        if is_boundary(eqn):
-            continue
-        inputs = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
-        if any(v in reached for v in inputs):
-            reached.update(eqn.outvars)
-            if not is_elementwise(eqn) or any(v in mixed for v in inputs):
-                mixed.update(eqn.outvars)
-    return reached, mixed
-
-
-def _groups_reaching(graph: ETraceGraph, var: Any) -> list[int]:
-    return [g.index for g in graph.hidden_groups if var in _reach(graph, new_state_vars(graph, g))[0]]
-
-
-def reading_is_elementwise(graph: ETraceGraph, group: Any, var: Any) -> bool:
-    """Whether ``var`` depends on ``group``'s new states through per-unit ops only."""
-    reached, mixed = _reach(graph, new_state_vars(graph, group))
-    return var in reached and var not in mixed
-
-
 def _readout_decay(graph: ETraceGraph, readout: int, what: str) -> float:
     """``κ``: 0 when the readout's output drives no hidden group, else the decay of the
     one-state group it drives, evaluated at the current states (it must be one number)."""
@@ -291,12 +246,8 @@ def _readout_decay(graph: ETraceGraph, readout: int, what: str) -> float:
     advice = "pass EProp(kappa=...) with the readout's decay"
     if len(groups) > 1 or group.num_states != 1:
         raise ConfigError(f"algo='eprop': {what} drives {group.name}, not one leaky state; {advice}")
-    module = graph.module
-    inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in module.input_vars]
-    with jax.ensure_compile_time_eval():
-        D = group_jacobian(module, group, module.state_leaves(), inputs)
     try:
-        low, high = float(jnp.min(D)), float(jnp.max(D))
+        low, high = readout_decay(graph, group)
     except jax.errors.ConcretizationTypeError:
         raise ConfigError(f"algo='eprop': cannot read the readout's decay while tracing; {advice}") from None
     if high - low > 1e-6 or not 0.0 <= low <= high < 1.0:

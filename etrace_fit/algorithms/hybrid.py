@@ -25,6 +25,7 @@ from .base import Rule, TracedPair, traced_pairs
 from .d_rtrl import DRTRL
 from .eprop import EPropRule
 from .esd_rtrl import ESDRTRL
+from .readout import ReadoutMemory, readout_memory
 from .registry import ONLINE_ALGOS, check_algo, make_rule, sequence_algo, signal_algo
 
 __all__ = ["DEFAULT_BUDGET_PER_SAMPLE", "Plan", "format_bytes", "make_plan", "parse_bytes"]
@@ -59,6 +60,22 @@ class Plan:
     hybrid: bool = False  # whether the hybrid chose any rule (the budget line of the report)
     feedback: Any = None  # a signal replacement's Feedback (e-prop), read by the step program
     signal: Any = None  # the signal replacement itself (EProp), for the report
+    readout: ReadoutMemory | None = None  # the leaky readout whose memory the traces follow
+
+    def resolved(self) -> tuple:
+        """The compiler's "later memory" records this plan makes exact: the only later
+        memory is the readout's, and every pair of the weight carries the readout
+        memory (docs/theory.md §5.10)."""
+        if self.readout is None:
+            return ()
+        carried: dict[Any, bool] = {}
+        for pair in self.pairs:
+            path = pair.relation.weight_path
+            carried[path] = carried.get(path, True) and pair.readout_memory
+        return tuple(record for record in self.graph.diagnostics
+                     if dict(record.context).get("reason") == "later_memory"
+                     and set(dict(record.context).get("groups", ())) <= {self.readout.group}
+                     and carried.get(record.weight_path, False))
 
     def trace_bytes(self, batch: int | None = None) -> tuple[int, ...]:
         """Trace bytes per pair at ``batch`` (default: the plan's batch)."""
@@ -81,8 +98,9 @@ class Plan:
         compiler found (a path through a later layer's memory, dense recurrence,
         weight-to-weight, an untraced use) and ES-D-RTRL's factorisation."""
         found: dict[str, list[str]] = {}
+        resolved = self.resolved()
         for record in self.graph.diagnostics:  # the same records as _structurally_approximate
-            if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None:
+            if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None and record not in resolved:
                 found.setdefault(format_path(record.weight_path), []).append(record.message)
         for pair, rule in zip(self.pairs, self.rules):
             if isinstance(rule, ESDRTRL) and pair.kind != "elementwise":
@@ -119,9 +137,15 @@ class Plan:
         else:
             budget = f", budget {format_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
         why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
-        return (self.graph.report() + f"\n\nonline rules (batch {self.batch}, traces "
+        memory = ""
+        if self.readout is not None:
+            readout = self.graph.hidden_groups[self.readout.group].name
+            reading = ", ".join(self.graph.hidden_groups[g].name for g in self.readout.reading)
+            memory = (f"\nreadout memory: {reading} → {readout} (κ = {self.readout.kappa:.4g}): one more trace state "
+                      f"per unit follows the readout's memory")
+        return (self.graph.report(self.resolved()) + f"\n\nonline rules (batch {self.batch}, traces "
                 f"{jnp.dtype(self.trace_dtype).name}, total {total}: {format_bytes(self.bytes_per_sample())} per sample"
-                f"{budget}):\n" + "\n".join(lines)
+                f"{budget}):\n" + "\n".join(lines) + memory
                 + (f"\n\napproximate online gradients (compare with BPTT: ef.gradient_fidelity):{why}"
                    if approximate else "\n\nevery weight gets its exact (BPTT) gradient"))
 
@@ -167,10 +191,20 @@ def _hybrid_rule(pair: TracedPair, alpha: float) -> Rule:
     return DRTRL() if pair.kind == "elementwise" else ESDRTRL(alpha)
 
 
-def _structurally_approximate(graph: ETraceGraph) -> set[str]:
+def _structurally_approximate(graph: ETraceGraph, resolved: tuple = ()) -> set[str]:
     """Weight paths whose D-RTRL gradient the compiler already finds approximate."""
     return {format_path(d.weight_path) for d in graph.diagnostics
-            if d.kind in _APPROXIMATE_KINDS and d.weight_path is not None}
+            if d.kind in _APPROXIMATE_KINDS and d.weight_path is not None and d not in resolved}
+
+
+def with_readout_memory(graph: ETraceGraph, pairs: tuple[TracedPair, ...]):
+    """``(pairs, readout)``: the pairs into the groups a leaky readout reads marked to
+    carry its memory (``readout.py``), and the :class:`ReadoutMemory` (or ``None``)."""
+    readout = readout_memory(graph)
+    if readout is None:
+        return pairs, None
+    return tuple(dataclasses.replace(p, readout_memory=True) if p.group.index in readout.reading else p
+                 for p in pairs), readout
 
 
 def make_plan(
@@ -185,7 +219,7 @@ def make_plan(
     """Pick a rule for every traced pair of ``graph`` (see the module docstring);
     ``batch`` is only where the report counts totals."""
     budget = parse_bytes(memory_budget)
-    pairs = traced_pairs(graph)
+    pairs, readout = with_readout_memory(graph, traced_pairs(graph))
     overrides: Mapping[str, Any] = {}
     if sequence_algo(algo) is not None:
         raise ConfigError(f"BPTT has no plan: make_plan takes an online algo; valid: "
@@ -219,10 +253,12 @@ def make_plan(
         total = sum(rule.trace_bytes(pair, 1, itemsize) for pair, rule in zip(pairs, rules))
         extra = {n: DRTRL().trace_bytes(pairs[n], 1, itemsize) - rules[n].trace_bytes(pairs[n], 1, itemsize)
                  for n in chosen if rules[n].name == "esd_rtrl"}
-        approximate = _structurally_approximate(graph)
+        resolved = Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
+                        readout=readout).resolved()
+        approximate = _structurally_approximate(graph, resolved)
         is_approximate = {n: format_path(pairs[n].relation.weight_path) in approximate for n in extra}
         for n in sorted(extra, key=lambda n: (is_approximate[n], extra[n], n)):
             if total + extra[n] <= limit:
                 rules[n], total = DRTRL(), total + extra[n]
     return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
-                memory_budget=budget, hybrid=bool(chosen))
+                memory_budget=budget, hybrid=bool(chosen), readout=readout)

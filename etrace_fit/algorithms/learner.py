@@ -209,7 +209,8 @@ class Learner:
             else:
                 plan = self._plan_on(graph)
                 program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype,
-                                       sharded=self.placement is not None, feedback=plan.feedback)
+                                       sharded=self.placement is not None, feedback=plan.feedback,
+                                       readout=plan.readout)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
         return self._compiled[key]
 
@@ -240,6 +241,7 @@ class Learner:
         if [(p.relation.eqn_index, p.group.paths) for p in pairs] != mine:
             raise CompilationError("the model's step relates other weights at this input shape than at the one it "
                                    "was compiled with; compile it with an example of this shape")
+        pairs = tuple(dataclasses.replace(p, readout_memory=q.readout_memory) for p, q in zip(pairs, self.plan.pairs))
         return dataclasses.replace(self.plan, graph=graph, pairs=pairs)
 
     def init(self, batch_size: int) -> LearnerState:

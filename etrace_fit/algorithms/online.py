@@ -27,7 +27,7 @@ from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from .base import PairSignals, Rule, TracedPair, scalar_loss
-from .eprop import new_state_vars
+from .readout import new_state_vars, readout_memory
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
@@ -114,10 +114,12 @@ class StepProgram:
 
 
 def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_loss: Callable,
-                       trace_dtype: Any, feedback: Any = None) -> StepProgram:
+                       trace_dtype: Any, feedback: Any = None, readout: Any = None) -> StepProgram:
     """The :class:`StepProgram` of ``graph`` for ``pairs``; with ``feedback`` (e-prop's,
     ``eprop.Feedback``) the pairs into the group the readout reads get e-prop's signals
-    instead (``G`` the readout's error fed back per unit, ``psi`` = ∂z^t/∂h^t)."""
+    instead (``G`` the readout's error fed back per unit, ``psi`` = ∂z^t/∂h^t). With
+    ``readout`` (``readout.ReadoutMemory``) the pairs marked ``readout_memory`` get one
+    more state per unit, the readout memory ``ē`` (docs/theory.md §5.10)."""
     module = graph.module
     jaxpr, consts = module.closed_jaxpr.jaxpr, list(module.closed_jaxpr.consts)
     num_outputs = len(module.output_vars)
@@ -147,6 +149,16 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         read_group = graph.hidden_groups[feedback.group]
         read_vars = {var: s for s, var in enumerate(new_state_vars(graph, read_group))}
         eprop_pairs = {p.index for p in pairs if p.group.index == feedback.group}
+    # Readout memory: the readout op's own input u perturbed (∂L^t/∂u^t through the
+    # readout only, not through a loss term that also reads u), and u's derivatives
+    # with respect to h^{t-1} and the relations' y from the same linearisation as D.
+    if readout is None and any(p.readout_memory for p in pairs):
+        readout = readout_memory(graph)
+    memory_pairs = {p.index for p in pairs if p.readout_memory}
+    if memory_pairs:
+        readout_eqn = eqns[readout.readout]
+        readout_x_index = etp_op_info(readout_eqn.primitive).x_index
+        readout_x = readout_eqn.invars[readout_x_index]
     # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
     # GEMM with the history part), so the pull-back stops at their trainable operands
     # and returns δy = ∂L^t/∂y instead. Dense and conv ops no pair traces (deferred)
@@ -177,9 +189,12 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         def override(index, eqn, invals):
             random_feedback = feedback is not None and feedback.matrix is not None and index == feedback.readout
-            if index not in perturbation_of and not random_feedback:
+            memory_input = memory_pairs and x_perturbation is not None and index == readout.readout
+            if index not in perturbation_of and not random_feedback and not memory_input:
                 return None
             invals = list(invals)
+            if memory_input:
+                invals[readout_x_index] = invals[readout_x_index] + x_perturbation
             for position in fused_positions.get(index, ()):
                 invals[position] = lax.stop_gradient(invals[position])
             out = _compat.eval_equation(eqn, invals)[0] if not random_feedback else None
@@ -190,7 +205,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             return [out + perturbation_of[index] if index in perturbation_of else out]
 
         def on_write(var, value):
-            if x_perturbation is not None and var is readout_x:
+            if x_perturbation is not None and feedback is not None and var is readout_x:
                 value = value + x_perturbation
             if var in capture:
                 captured[var] = value
@@ -204,11 +219,14 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
     # D and Df from one linearisation of all groups' transitions at once: the step with
     # every related op's output y an input and other trainable ops held constant.
-    groups = [g for g in graph.hidden_groups if any(p.group.index == g.index for p in pairs)]
+    groups = [g for g in graph.hidden_groups if any(p.group.index == g.index for p in pairs)
+              or (memory_pairs and g.index == readout.group)]
     relation_eqns = list(dict.fromkeys(p.relation.eqn_index for p in pairs))
     state_position = module.leaf_offsets
 
     def transition_derivatives(leaves, input_leaves, captured):
+        """``D`` per group, ``Df`` per pair and, with a readout memory, the derivatives
+        of the readout's input ``u`` per group state and per relation (same pass)."""
         h_prev = [jnp.stack([leaves[state_position[path]] for path in g.paths], axis=-1) for g in groups]
         ys = [captured[eqns[i].outvars[0]] for i in relation_eqns]
 
@@ -217,8 +235,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             for group, h in zip(groups, h_groups):
                 for s, path in enumerate(group.paths):
                     step_leaves[state_position[path]] = h[..., s]
-            outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)))
-            return [jnp.stack([outs[num_outputs + state_position[path]] for path in g.paths], axis=-1) for g in groups]
+            inputs_of = {readout.readout: None} if memory_pairs else None
+            outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)),
+                            inputs_of=inputs_of)
+            new = [jnp.stack([outs[num_outputs + state_position[path]] for path in g.paths], axis=-1) for g in groups]
+            return new + ([inputs_of[readout.readout][readout_x_index]] if memory_pairs else [])
 
         _, linear = jax.linearize(transitions, h_prev, ys)
         # Every direction at once (one vmapped pass, not one pass each: on small layers
@@ -231,7 +252,15 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         y_tangents = [jnp.stack([jnp.ones_like(y) if kind == "y" and i == m else jnp.zeros_like(y)
                                  for kind, i, _ in directions]) for m, y in enumerate(ys)]
         outs = jax.vmap(linear)(h_tangents, y_tangents) if directions else None
-        jacobians = {}
+        jacobians, memory = {}, {}
+        if memory_pairs:  # ∂u/∂h^{t-1} per state of each group read, ∂u/∂y per relation
+            u_of = outs[len(groups)]
+            for n, group in enumerate(groups):
+                if group.index in readout.reading:
+                    memory[group.index] = jnp.stack([u_of[directions.index(("h", n, s))]
+                                                     for s in range(group.num_states)], axis=-1)
+            for m, eqn_index in enumerate(relation_eqns):
+                memory[("y", eqn_index)] = u_of[directions.index(("y", m, None))]
         for n, group in enumerate(groups):
             if not group.elementwise:  # units mix: the exact per-unit blocks, at a cost
                 jacobians[group.index] = group_jacobian(module, group, leaves, input_leaves)
@@ -243,7 +272,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             for pair in pairs:
                 if pair.relation.eqn_index == eqn_index:
                     sensitivities[pair.index] = outs[groups.index(pair.group)][directions.index(("y", m, None))]
-        return jacobians, sensitivities
+        return jacobians, sensitivities, memory
 
     def readout_sensitivity(leaves, input_leaves, h_new):
         """ψ = ∂x/∂h^t per unit ``(B, ..., S)``: the readout's input ``x`` as a function of
@@ -305,7 +334,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         captured = dict(zip(capture, captured_values))
         output_grad_of = dict(zip(fused, output_grads))
 
-        jacobians, sensitivities = transition_derivatives(leaves, input_leaves, captured)
+        jacobians, sensitivities, memory = transition_derivatives(leaves, input_leaves, captured)
         signal_of = {s.path: hidden_signals[k] for k, s in enumerate(hidden)}
         pair_signals, one_step_taken = [], set()
         for pair, eqn in zip(pairs, pair_eqns):
@@ -329,11 +358,19 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             if active is not False:  # statically without signal: G and dY are None
                 G = pair.canonical_units(jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1), 1)
                 G = G.astype(trace_dtype)
+            D = pair.canonical_units(jacobians[pair.group.index], 2)
+            Df = pair.canonical_units(sensitivities[pair.index], 1)
+            if pair.index in memory_pairs:
+                D, Df, G = _with_readout_memory(
+                    pair, D, Df, G, kappa=jacobians[readout.group].reshape(batch, -1)[:, 0],
+                    u_prev=pair.canonical_units(memory[pair.group.index], 1),
+                    u_y=pair.canonical_units(memory[("y", index)], 0),
+                    u_signal=None if G is None else pair.canonical_units(x_signal, 0))
             pair_signals.append(PairSignals(
                 X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
-                D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
-                Df=pair.canonical_units(sensitivities[pair.index], 1).astype(trace_dtype),
-                G=G,
+                D=D.astype(trace_dtype),
+                Df=Df.astype(trace_dtype),
+                G=None if G is None else G.astype(trace_dtype),
                 dY=dY,
             ))
         one_step = None
@@ -344,6 +381,23 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
     return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions,
                        weight_positions=weight_positions, deferred=deferred)
+
+
+def _with_readout_memory(pair, D, Df, G, *, kappa, u_prev, u_y, u_signal):
+    """The pair's signals with the readout memory ``ē`` as state ``S`` (docs/theory.md
+    §5.10): ``ē^t = ∂u^t/∂h^{t-1}·ε^{t-1} + κ ē^{t-1} + ∂u^t/∂y^t x^t``, met by the
+    signal ``κ ∂L^t/∂u^t`` (``u``: the readout's input; ``κ (B,)`` read off the readout's
+    Jacobian at this step)."""
+    S = D.shape[-1]
+    k = kappa.reshape(-1, 1, 1).astype(D.dtype)
+    top = jnp.concatenate([D, jnp.zeros((*D.shape[:-1], 1), D.dtype)], axis=-1)
+    bottom = jnp.concatenate([u_prev.astype(D.dtype), jnp.broadcast_to(k[..., None], (*D.shape[:3], 1))], axis=-1)
+    D = jnp.concatenate([top, bottom[..., None, :]], axis=-2)
+    Df = jnp.concatenate([Df, u_y[..., None].astype(Df.dtype)], axis=-1)
+    if G is not None:
+        G = jnp.concatenate([G, (k * u_signal)[..., None].astype(G.dtype)], axis=-1)
+    assert D.shape[-1] == S + 1 == pair.num_states
+    return D, Df, G
 
 
 def _deferrable(eqn) -> bool:
@@ -435,15 +489,17 @@ def build_online(
     chunk: int | None = None,
     sharded: bool = False,
     feedback: Any = None,
+    readout: Any = None,
 ) -> OnlineProgram:
     """The online program for ``pairs`` trained by ``rules`` (one rule per pair), over
     chunks of ``chunk`` steps (default: :func:`chunk_size`). ``sharded``: the batch is
     split over devices (a rule with ``for_sharding`` is swapped for that form).
-    ``feedback``: a signal replacement's (``Plan.feedback``, e-prop)."""
+    ``feedback``: a signal replacement's (``Plan.feedback``, e-prop); ``readout``: the
+    leaky readout whose memory the pairs marked ``readout_memory`` follow (``Plan.readout``)."""
     if sharded:
         rules = tuple(rule.for_sharding() if hasattr(rule, "for_sharding") else rule for rule in rules)
     module = graph.module
-    program = build_step_program(graph, pairs, step_loss, trace_dtype, feedback)
+    program = build_step_program(graph, pairs, step_loss, trace_dtype, feedback, readout)
     batch = pairs[0].group.shape[0] if pairs else 1
     accumulate = jnp.promote_types(trace_dtype, jnp.float32)  # bfloat16 traces, float32 sums
     weight_positions = program.weight_positions
@@ -513,13 +569,15 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 
-    def run_steps(weights, carry, inputs, size, collect, pullback=None):
-        """All steps of ``inputs`` (leading axis T): full chunks of ``size`` in a scan,
-        then the remainder as one shorter chunk."""
-        length = jax.tree.leaves(inputs)[0].shape[0]
+    def run_steps(weights, carry, inputs, size, collect, pullback=None, length=None):
+        """The first ``length`` steps (default: all) of ``inputs`` (leading axis T): full
+        chunks of ``size`` in a scan, then the remainder as one shorter chunk. Each chunk
+        is sliced from ``inputs`` in place: a sliced or reshaped prefix would be a copy of
+        the inputs, temp memory that grows with T."""
+        length = jax.tree.leaves(inputs)[0].shape[0] if length is None else length
         full, tail = divmod(length, size)
         pieces = []
-        if full:  # each chunk sliced from the inputs in place (a reshaped prefix would be a copy)
+        if full:
             carry, (losses, outputs) = lax.scan(
                 lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect, pullback), carry,
                 jnp.arange(full))
@@ -565,8 +623,7 @@ def build_online(
             # "last": every chunk but the final one without pull-back and without a
             # per-step branch; the final chunk reads the flags (two chunk bodies to compile).
             final = length % size or size
-            carry, head = run_steps(weights, carry, _slice(inputs, 0, length - final), size, collect,
-                                    pullback=False)
+            carry, head = run_steps(weights, carry, inputs, size, collect, pullback=False, length=length - final)
             # The final chunk has the loss (at its last step): no chunk-level branch,
             # whose other arm would be a third copy of the chunk body to compile.
             carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), collect, None)

@@ -45,13 +45,17 @@ def is_elementwise(eqn: Any) -> bool:
     return eqn.primitive.name in _ELEMENTWISE
 
 
-def cut_step(module: Any, state_leaves: list[Any], input_leaves: list[Any], *, replace: dict[int, Any] | None = None) -> list[Any]:
+def cut_step(module: Any, state_leaves: list[Any], input_leaves: list[Any], *, replace: dict[int, Any] | None = None,
+             inputs_of: dict[int, Any] | None = None) -> list[Any]:
     """Evaluate the step with every boundary op's output held constant for
     differentiation (``stop_gradient``); ``replace`` maps an equation index to the
-    value its output takes instead (the ``y`` of a relation). Returns all outputs."""
+    value its output takes instead (the ``y`` of a relation). Returns all outputs;
+    ``inputs_of``'s keys (equation indices) are filled with those equations' inputs."""
     replace = replace or {}
 
     def override(index, eqn, invals):
+        if inputs_of is not None and index in inputs_of:
+            inputs_of[index] = list(invals)
         if index in replace:
             return [replace[index]]
         if is_boundary(eqn):

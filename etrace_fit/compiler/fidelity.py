@@ -65,7 +65,8 @@ def approximations(
             names = ", ".join(groups[g].name for g in sorted(others))
             records.append(_record(relation, LATER_MEMORY, (
                 f"{name} also shapes the memory of {names}; the traces follow its own hidden group only, so "
-                f"its effect on later steps through that memory is dropped (exact would need BPTT)")))
+                f"its effect on later steps through that memory is dropped (exact would need BPTT)"),
+                groups=tuple(sorted(others))))
         x_var, _ = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
         recurrent = [g for g in own if x_var is not None and not isinstance(x_var, _compat.Literal)
                      and x_var in reads_previous[g]]
@@ -119,10 +120,10 @@ def _mixing_ops(module: ModuleInfo, start: int, targets: set) -> list[str]:
     return mixers[::-1]
 
 
-def _record(relation: Relation, reason: str, message: str) -> Diagnostic:
+def _record(relation: Relation, reason: str, message: str, groups: tuple[int, ...] = ()) -> Diagnostic:
+    context = (("groups", groups), ("reason", reason)) if groups else (("reason", reason),)
     return Diagnostic(DiagnosticKind.APPROXIMATE, message, primitive=relation.primitive,
-                      weight_path=relation.weight_path, hidden_paths=relation.hidden_paths,
-                      context=(("reason", reason),))
+                      weight_path=relation.weight_path, hidden_paths=relation.hidden_paths, context=context)
 
 
 def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int, tuple[str, ...]]:

@@ -66,9 +66,10 @@ class ETraceGraph:
         known = ", ".join(format_path(p) for p in self.weight_paths)
         raise KeyError(f"{weight_path!r} is not a weight of this model; weights: {known}")
 
-    def report(self) -> str:
+    def report(self, resolved: tuple = ()) -> str:
         """A table: weight path | primitive | hidden groups | classification | size,
-        then the groups and every warning."""
+        then the groups and every warning (but the records in ``resolved``, which the
+        plan's rules take care of)."""
         rows = [("weight", "primitive", "hidden groups", "classification", "size")]
         for path in self.weight_paths:
             related = self.relations_of(path)
@@ -86,7 +87,7 @@ class ETraceGraph:
         lines.append("hidden groups:")
         for group in self.hidden_groups:
             lines.append(f"  {group.index}: {group.name}  S={group.num_states}  shape={group.shape}")
-        notes = [d for d in self.diagnostics if d.level >= Level.WARNING]
+        notes = [d for d in self.diagnostics if d.level >= Level.WARNING and d not in resolved]
         if notes:
             lines.append("")
             lines.append("warnings:")

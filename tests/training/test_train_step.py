@@ -225,13 +225,14 @@ def test_traces_that_do_not_fit_the_device_fail_before_training(monkeypatch):
     x, y = _data(16)
     trainer = ef.Trainer(_model(), algo="d_rtrl")
     before = {p: np.asarray(s.value["weight"]) for p, s in trainer.model.states(brainstate.ParamState).items()}
-    # per sample: layer 0 D-RTRL (5 + 1)·12·4 = 288 B; the readout (12 + 1)·2·4 = 104 B
-    monkeypatch.setattr(trainer_module, "device_memory", lambda: 392 * 5)
+    # per sample: layer 0 D-RTRL (5 + 1)·12·2·4 = 576 B (LIF's V and the readout memory,
+    # docs/theory.md §5.10); the readout (12 + 1)·2·4 = 104 B
+    monkeypatch.setattr(trainer_module, "device_memory", lambda: 680 * 5)
     with pytest.raises(ConfigError, match=r"a batch of 8 need .*0\.00 MiB per sample.* at most 5"):
         trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
     after = trainer.model.states(brainstate.ParamState)
     assert all(np.array_equal(np.asarray(after[p].value["weight"]), v) for p, v in before.items())
-    monkeypatch.setattr(trainer_module, "device_memory", lambda: 392 * 8)
+    monkeypatch.setattr(trainer_module, "device_memory", lambda: 680 * 8)
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # exactly fits
 
 

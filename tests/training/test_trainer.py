@@ -143,8 +143,9 @@ def test_a_last_smaller_batch_keeps_the_plan_of_the_first():
     so does a plan made at batch 2 alone; the report counts totals at the first batch."""
     x, y = _data(10)
     model = ef.Sequential(L.Linear(C, 8), L.ALIF(8), L.LeakyRateReadout(8, 2))
-    # per sample: layer 0 D-RTRL 7·8·2·4 = 448 B, ES 92 B; the readout's D-RTRL 72 B
-    budget = 92 + 72 + (448 - 92) - 1  # one byte short of moving layer 0
+    # per sample: layer 0 D-RTRL 7·8·3·4 = 672 B (ALIF's 2 states and the readout memory),
+    # ES (7 + 8·3)·4 = 124 B; the readout's D-RTRL 72 B
+    budget = 124 + 72 + (672 - 124) - 1  # one byte short of moving layer 0
     trainer = ef.Trainer(model, algo="hybrid", memory_budget=budget)
     with pytest.warns(ef.ApproximationWarning):
         trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)

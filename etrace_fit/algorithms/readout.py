@@ -1,0 +1,205 @@
+"""The readout, and which hidden groups reach it unit by unit.
+
+Two users: e-prop (``eprop.py``), whose learning signal is the readout's error, and the
+trace rules' *readout memory* (docs/theory.md §5.10). A leaky readout
+``r^t = κ r^{t−1} + u^t W + b`` keeps every earlier input ``u^s`` in its state, so a
+weight ``θ`` of the layer it reads moves the loss at ``t`` through ``r^{t−1}`` as well,
+a path a trace of the layer's own state misses. Because ``κ`` is one number, that path
+needs only one more trace per unit: ``ē^t = κ ē^{t−1} + du^t/dθ``, with ``du^t/dθ``
+read off the layer's own trace (``du^t/dθ = ∂u^t/∂h^{t−1} ε^{t−1} + ∂u^t/∂y^t x^t``),
+and the history term gains ``κ ∂L^t/∂u^t|_readout · ē^{t−1}``. The plan carries that
+trace as one extra state of the pair (``TracedPair.readout_memory``), so every rule
+follows it unchanged: D-RTRL exactly, ES-D-RTRL through its factorisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .. import _compat
+from ..compiler import ETraceGraph, group_jacobian
+from ..compiler._dataflow import is_boundary, is_elementwise
+from ..ops import etp_op_info
+
+__all__ = ["ReadoutMemory", "dense_readouts", "new_state_vars", "readout_memory", "reading_is_elementwise",
+           "groups_reaching", "readout_decay", "is_affine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadoutMemory:
+    """A leaky readout whose memory the traces follow (see the module docstring).
+
+    Attributes:
+        readout: the readout's equation index in the step's jaxpr (a dense ETP op).
+        group: the index of the readout's own hidden group (one state per unit, decay ``κ``).
+        reading: the hidden groups whose new states reach the readout's input unit by
+            unit; their pairs carry the extra state.
+        kappa: ``κ`` at the states the plan was made at (the step reads it again at
+            every step from the readout's Jacobian).
+    """
+
+    readout: int
+    group: int
+    reading: tuple[int, ...]
+    kappa: float
+
+
+def dense_readouts(graph: ETraceGraph) -> list[int]:
+    """Equation indices of the dense ETP ops with a 2-D weight and a variable input."""
+    found = []
+    for index, eqn in enumerate(graph.module.jaxpr.eqns):
+        op = etp_op_info(eqn.primitive)
+        if op is None or op.kind != "dense" or op.x_index is None:
+            continue
+        weight = op.split_operands(list(eqn.invars))[1].get("weight")
+        if weight is not None and len(weight.aval.shape) == 2 and not isinstance(eqn.invars[op.x_index],
+                                                                                    _compat.Literal):
+            found.append(index)
+    return found
+
+
+def readout_input(graph: ETraceGraph, readout: int) -> Any:
+    """The readout's input variable ``u``."""
+    eqn = graph.module.jaxpr.eqns[readout]
+    return eqn.invars[etp_op_info(eqn.primitive).x_index]
+
+
+def new_state_vars(graph: ETraceGraph, group: Any) -> list:
+    """The jaxpr variables holding ``group``'s new states, in state order."""
+    module = graph.module
+    outvars = module.jaxpr.outvars
+    offset = len(module.output_vars)
+    return [outvars[offset + module.leaf_offsets[path]] for path in group.paths]
+
+
+def _reach(graph: ETraceGraph, sources: list) -> tuple[set, set]:
+    """``(reached, mixed)``: the variables computed from ``sources`` without passing a
+    trainable dense/conv op, and those among them that some path reaches through an
+    op that mixes units (a reduction, a reshape)."""
+    reached = {v for v in sources if not isinstance(v, _compat.Literal)}
+    mixed: set = set()
+    for eqn in graph.module.jaxpr.eqns:
+        if is_boundary(eqn):
+            continue
+        inputs = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+        if any(v in reached for v in inputs):
+            reached.update(eqn.outvars)
+            if not is_elementwise(eqn) or any(v in mixed for v in inputs):
+                mixed.update(eqn.outvars)
+    return reached, mixed
+
+
+def groups_reaching(graph: ETraceGraph, var: Any) -> list[int]:
+    """The hidden groups whose new states reach ``var`` without crossing a dense or conv op."""
+    return [g.index for g in graph.hidden_groups if var in _reach(graph, new_state_vars(graph, g))[0]]
+
+
+def reading_is_elementwise(graph: ETraceGraph, group: Any, var: Any) -> bool:
+    """Whether ``var`` depends on ``group``'s new states through per-unit ops only."""
+    reached, mixed = _reach(graph, new_state_vars(graph, group))
+    return var in reached and var not in mixed
+
+
+def _previous_and_driving(graph: ETraceGraph, group: Any) -> tuple[list, list]:
+    """``group``'s previous-state variables and the outputs of the relations that drive it."""
+    state_of = {s.path: s for s in graph.module.hidden}
+    previous = [state_of[path].in_vars[0] for path in group.paths]
+    eqns = graph.module.jaxpr.eqns
+    driving = [eqns[r.eqn_index].outvars[0] for r in graph.relations if group.index in r.hidden_groups]
+    return previous, driving
+
+
+def step_vars(graph: ETraceGraph, group: Any) -> list:
+    """What a step of ``group`` is made of: its previous and new states and the outputs
+    of the relations that drive it."""
+    previous, driving = _previous_and_driving(graph, group)
+    return previous + new_state_vars(graph, group) + driving
+
+
+# ops linear in every operand that depends on the step (the rest are constants)
+_LINEAR = {"add", "add_any", "sub", "neg", "convert_element_type", "copy", "copy_p", "reshape",
+           "broadcast_in_dim", "squeeze", "expand_dims", "transpose"}
+
+
+def is_affine(graph: ETraceGraph, group: Any) -> bool:
+    """Whether ``group``'s new states are affine in its previous states and the outputs
+    of the relations that drive it, with coefficients that no state or input moves:
+    ``h^t = κ h^{t−1} + c y^t + b``. A reset, a spike or a gate (``LeakySpikeReadout``)
+    is not: its decay depends on the state, and one ``ē`` could not follow it."""
+    module = graph.module
+    previous, driving = _previous_and_driving(graph, group)
+    reached = set(previous) | set(driving)
+    varying = set(module.input_vars) | {s.in_vars[0] for s in module.hidden} | reached
+    nonlinear: set = set()
+    for eqn in module.jaxpr.eqns:
+        inputs = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+        if not any(v in reached for v in inputs):
+            if any(v in varying for v in inputs):
+                varying.update(eqn.outvars)
+            continue
+        on = [not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars]
+        fixed = [isinstance(v, _compat.Literal) or v not in varying for v in eqn.invars]
+        name = eqn.primitive.name
+        linear = (name in _LINEAR
+                  or (name == "mul" and sum(on) == 1 and all(f for o, f in zip(on, fixed) if not o))
+                  or (name == "div" and on == [True, False] and fixed[1]))
+        if not linear or any(v in nonlinear for v in inputs):
+            nonlinear.update(eqn.outvars)
+        reached.update(eqn.outvars)
+        varying.update(eqn.outvars)
+    news = new_state_vars(graph, group)
+    return all(v in reached and v not in nonlinear for v in news)
+
+
+def reads_unit_by_unit(graph: ETraceGraph, group: Any, var: Any) -> bool:
+    """Whether ``var`` depends on ``group``'s step (previous states, new states, the
+    relations' outputs) and only through per-unit ops."""
+    reached, mixed = _reach(graph, step_vars(graph, group))
+    return var in reached and var not in mixed
+
+
+def readout_decay(graph: ETraceGraph, group: Any) -> tuple[float, float]:
+    """The smallest and largest entry of ``group``'s Jacobian at the graph's current
+    states (``ConcretizationTypeError`` while tracing)."""
+    module = graph.module
+    inputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in module.input_vars]
+    with jax.ensure_compile_time_eval():
+        D = group_jacobian(module, group, module.state_leaves(), inputs)
+    return float(jnp.min(D)), float(jnp.max(D))
+
+
+def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
+    """The step's leaky readout and the groups that read into it, or ``None`` when there
+    is no memory to follow: the last dense ETP op drives no hidden group (a ``Linear``
+    readout), drives more than one or one with several states, its step is not affine
+    (a spiking readout's reset), its decay is learned (an elementwise relation into its
+    group: ``κ`` would differ per unit) or is not one number in ``(0, 1)``, or no group
+    reaches its input unit by unit."""
+    readouts = dense_readouts(graph)
+    if not readouts:
+        return None
+    readout = readouts[-1]
+    driven = {g for r in graph.relations if r.eqn_index == readout for g in r.hidden_groups}
+    if len(driven) != 1:
+        return None
+    group = graph.hidden_groups[driven.pop()]
+    learned_decay = any(r.op_kind == "elementwise" and group.index in r.hidden_groups for r in graph.relations)
+    if group.num_states != 1 or not group.elementwise or learned_decay or not is_affine(graph, group):
+        return None
+    try:
+        low, high = readout_decay(graph, group)
+    except jax.errors.ConcretizationTypeError:
+        return None
+    if high - low > 1e-6 or not 0.0 < low <= high < 1.0:
+        return None
+    u = readout_input(graph, readout)
+    reading = tuple(g.index for g in graph.hidden_groups
+                    if g.index != group.index and g.elementwise and tuple(g.shape) == tuple(u.aval.shape)
+                    and reads_unit_by_unit(graph, g, u))
+    if not reading:
+        return None
+    return ReadoutMemory(readout=readout, group=group.index, reading=reading, kappa=(low + high) / 2)
