@@ -70,8 +70,9 @@ def used_inputs(closed: ClosedJaxpr) -> list[bool]:
 
 
 def is_symbolic_zero(tangent: Any) -> bool:
-    """True when ``tangent`` is JAX's symbolic zero (an input with no tangent)."""
-    return type(tangent) is ad.Zero
+    """True when ``tangent`` is JAX's symbolic zero (an input with no tangent), in a
+    primitive's JVP rule or in a ``custom_jvp`` rule defined with ``symbolic_zeros=True``."""
+    return type(tangent) is ad.Zero or isinstance(tangent, jax.custom_derivatives.SymbolicZero)
 
 
 def register_primitive(

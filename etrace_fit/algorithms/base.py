@@ -64,7 +64,11 @@ class Rule(Protocol):
     chunk's summed gradient and the traces after it (``online.run_rule_chunk`` scans
     ``step`` for a rule without one); and ``advance(traces, signals, t0)``: the traces
     after a chunk in which no step has a loss (``G`` and ``dY`` are ``None``; without
-    it, the rule runs on a zero ``G`` and its gradient is dropped).
+    it, the rule runs on a zero ``G`` and its gradient is dropped); and
+    ``advance_step(traces, signals)``: the same for one step (unstacked signals), for a
+    rule whose advance is cheap elementwise work — the engine then runs it inside its
+    step loop on steps it knows have no loss, instead of a loop of its own per chunk
+    (ES-D-RTRL; D-RTRL reads its whole trace per step and keeps ``advance``).
     """
 
     name: str

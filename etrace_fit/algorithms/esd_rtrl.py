@@ -122,6 +122,16 @@ class ESDRTRL:
         """The traces after a chunk without learning signal (``G`` is ``None``)."""
         return self.chunk(traces, signals, t0)[1]
 
+    def advance_step(self, traces, signals: PairSignals):
+        """The traces after one step without learning signal: a few elementwise ops,
+        which the engine runs inside its step loop (fused with the step) instead of a
+        second loop over the chunk's stacked signals."""
+        X, D, Df = signals[:3]
+        eps_x, eps_f = traces
+        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))
+        return ((self.alpha * eps_x + X).astype(eps_x.dtype),
+                (carried + (1.0 - self.alpha) * Df).astype(eps_f.dtype))
+
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""
         eps_x, eps_f = traces

@@ -26,6 +26,7 @@ from .. import _compat
 from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
+from ..ops.dense import matmul_of_parts, weight_rows
 from .base import PairSignals, Rule, TracedPair, scalar_loss
 from .readout import new_state_vars, readout_memory
 
@@ -92,6 +93,11 @@ class StepProgram:
     ``active`` false the pull-back is skipped: weight grads, ``G`` and ``dY`` are zero
     and the deferred list is ``None``.
 
+    ``prepare(weights)`` is what the steps read off fixed weights (the row blocks of a
+    gate's weight, for the pull-back of ``[x, h]``'s ``h`` columns alone); a caller that
+    runs many steps with the same weights computes it once, outside its loop, and
+    passes it as ``signals(..., prepared=)``.
+
     ``deferred`` are the dense and conv ETP ops no pair traces (GRU's ``W_r``, a
     readout): the pull-back stops at their weights and returns ``δy = ∂L^t/∂y`` and
     their input ``x`` instead of a per-step weight gradient, so the caller turns a
@@ -104,6 +110,7 @@ class StepProgram:
     other_positions: tuple[int, ...]
     weight_positions: tuple[int, ...]
     deferred: tuple[int, ...] = ()
+    prepare: Callable[[Any], Any] = lambda weights: {}
 
     def assemble(self, weights, others) -> list:
         """All state leaves in module order from the weight and the other leaves."""
@@ -173,31 +180,62 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     fused_positions = {i: etp_op_info(eqns[i].primitive).trainable_positions(len(eqns[i].invars)).values()
                        for i in fused}
     y_avals = [eqns[i].outvars[0].aval for i in fused]
+    # Dense ops on a concatenation ([x, h] of a gate): the pull-back computes the
+    # cotangent of the parts that need one only (ops.matmul_of_parts), not every column.
+    split_of = _concatenated_inputs(eqns, exclude={readout_x})
+    split_concats = set(split_of.values())
+    weight_of_var = {var: n for n, var in enumerate(jaxpr.invars[len(module.input_vars):])
+                     if n in set(weight_positions)}
 
     def assemble(weights, others):
         return _assemble(weight_positions, other_positions, weights, others)
 
-    def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target, x_perturbation=None):
+    def prepare(weights) -> dict:
+        """What the step reads off the weights that stay fixed over the sequence (or the
+        window between updates): the row blocks of each split dense op's weight. A
+        caller computes it once outside its loops and passes it to every step."""
+        leaves = assemble(weights, [None] * len(other_positions))
+        prepared = {}
+        for index, concat in split_of.items():
+            eqn = eqns[index]
+            weight_var = eqn.invars[1]
+            if isinstance(weight_var, _compat.Literal) or weight_var not in weight_of_var:
+                continue  # the weight is computed in the step: slice it there
+            sizes = [v.aval.shape[-1] for v in eqns[concat].invars]
+            prepared[index] = weight_rows(leaves[weight_of_var[weight_var]], sizes, eqn.params.get("weight_fn"))
+        return prepared
+
+    def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target, x_perturbation=None,
+                prepared=None):
         """One step as a function of the weights, the previous hidden values and a
         perturbation of each fused relation's output (and, for e-prop, of the
         readout's input)."""
+        prepared = prepared or {}
         leaves = assemble(weights, others)
         for position, value in zip(hidden_positions, hidden_prev):
             leaves[position] = value
         perturbation_of = dict(zip(fused, y_perturbations))
-        captured = {}
+        captured, parts_of = {}, {}
 
         def override(index, eqn, invals):
+            if index in split_concats:
+                parts_of[index] = list(invals)
+                return None
             random_feedback = feedback is not None and feedback.matrix is not None and index == feedback.readout
             memory_input = memory_pairs and x_perturbation is not None and index == readout.readout
-            if index not in perturbation_of and not random_feedback and not memory_input:
+            if index not in perturbation_of and not random_feedback and not memory_input and index not in split_of:
                 return None
             invals = list(invals)
             if memory_input:
                 invals[readout_x_index] = invals[readout_x_index] + x_perturbation
             for position in fused_positions.get(index, ()):
                 invals[position] = lax.stop_gradient(invals[position])
-            out = _compat.eval_equation(eqn, invals)[0] if not random_feedback else None
+            if index in split_of and not memory_input and not random_feedback:
+                x, weight, *bias = invals
+                out = matmul_of_parts(eqn.primitive, x, parts_of[split_of[index]], weight, *bias,
+                                      weight_fn=eqn.params.get("weight_fn"), rows=prepared.get(index))
+            elif not random_feedback:
+                out = _compat.eval_equation(eqn, invals)[0]
             if random_feedback:  # the forward value as is; x's cotangent through B instead of Wᵀ
                 x = invals[readout_x_index]
                 invals[readout_x_index] = lax.stop_gradient(x)
@@ -294,7 +332,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         tangents = jnp.stack([jnp.zeros_like(h_new).at[..., s].set(1.0) for s in range(h_new.shape[-1])])
         return jnp.moveaxis(jax.vmap(linear)(tangents), 0, -1)
 
-    def signals(weights, others, input_leaves, target, active=None):
+    def signals(weights, others, input_leaves, target, active=None, prepared=None):
         weights, others, input_leaves = list(weights), list(others), list(input_leaves)
         leaves = assemble(weights, others)
         hidden_prev = [leaves[position] for position in hidden_positions]
@@ -303,7 +341,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         def with_pullback():
             loss, pullback, aux = jax.vjp(
-                lambda w, h, p, xp: forward(w, h, p, others, input_leaves, target, xp), weights, hidden_prev,
+                lambda w, h, p, xp: forward(w, h, p, others, input_leaves, target, xp, prepared), weights, hidden_prev,
                 y_zeros, x_zero, has_aux=True)
             # One pull-back with h^{t-1} as an input (docs/theory.md §5.8): the exact one-step
             # gradient ∂L^t/∂θ|h^{t-1} (for fused relations as δy = ∂L^t/∂y, which the
@@ -313,7 +351,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             return loss, aux, (list(weight_grads), list(hidden_signals), list(output_grads), x_signal)
 
         def without_pullback():
-            loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target)
+            loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target, prepared=prepared)
             zeros = ([jnp.zeros_like(w) for w in weights], [jnp.zeros_like(h) for h in hidden_prev],
                      [jnp.zeros_like(y) for y in y_zeros], None if x_zero is None else jnp.zeros_like(x_zero))
             return loss, aux, zeros
@@ -379,7 +417,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                         for i in deferred]
         return loss, outputs, new_others, weight_grads, pair_signals, one_step
 
-    return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions,
+    return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions, prepare=prepare,
                        weight_positions=weight_positions, deferred=deferred)
 
 
@@ -398,6 +436,24 @@ def _with_readout_memory(pair, D, Df, G, *, kappa, u_prev, u_y, u_signal):
         G = jnp.concatenate([G, (k * u_signal)[..., None].astype(G.dtype)], axis=-1)
     assert D.shape[-1] == S + 1 == pair.num_states
     return D, Df, G
+
+
+def _concatenated_inputs(eqns, exclude: set) -> dict[int, int]:
+    """``{dense op index: index of the concatenate that makes its x}`` for the dense
+    ETP ops (``etp_mm``, ``etp_mv``) whose input is a concatenation along its last
+    axis (a gate's ``[x, h]``), but those whose input is in ``exclude``."""
+    producer = {var: i for i, eqn in enumerate(eqns) for var in eqn.outvars}
+    found = {}
+    for i, eqn in enumerate(eqns):
+        if eqn.primitive.name not in ("etp_mm", "etp_mv"):
+            continue
+        x = eqn.invars[0]
+        if isinstance(x, _compat.Literal) or x in exclude or x not in producer:
+            continue
+        concat = eqns[producer[x]]
+        if concat.primitive.name == "concatenate" and concat.params["dimension"] == len(x.aval.shape) - 1:
+            found[i] = producer[x]
+    return found
 
 
 def _deferrable(eqn) -> bool:
@@ -531,7 +587,7 @@ def build_online(
         mapped = pull({slot: cotangents[slot].astype(values[slot].dtype) for slot in values})[0]
         return [a + m.astype(a.dtype) for a, m in zip(weight_acc, mapped)]
 
-    def run_chunk(weights, carry, inputs, collect, pullback=None):
+    def run_chunk(weights, carry, inputs, collect, pullback=None, prepared=None):
         """``C`` steps (``C`` = the inputs' leading axis): the step program over the
         chunk, then every rule once over the stacked signals. ``pullback``: a static
         True / False for every step of the chunk, else the inputs' per-step flags; a
@@ -539,26 +595,36 @@ def build_online(
         rules only advance their traces)."""
         flags = inputs[2]
         if pullback is not None or flags is None:
-            return chunk_steps(weights, carry, inputs, collect, pullback)
-        return lax.cond(jnp.any(flags), lambda: chunk_steps(weights, carry, inputs, collect, None),
-                        lambda: chunk_steps(weights, carry, inputs, collect, False))
+            return chunk_steps(weights, carry, inputs, collect, pullback, prepared)
+        return lax.cond(jnp.any(flags), lambda: chunk_steps(weights, carry, inputs, collect, None, prepared),
+                        lambda: chunk_steps(weights, carry, inputs, collect, False, prepared))
 
-    def chunk_steps(weights, carry, inputs, collect, pullback):
+    def chunk_steps(weights, carry, inputs, collect, pullback, prepared=None):
         others, traces, weight_acc, pair_acc, t = carry
         pair_acc = list(pair_acc)  # a copy: both branches of run_chunk's cond read the carry
+        # Steps known to have no loss: the rules with a cheap per-step advance advance in
+        # the step loop itself (one loop, no stacked signals); the others once after it.
+        stepwise = {n for n, rule in enumerate(rules) if pullback is False and hasattr(rule, "advance_step")}
 
         def step(carry, inputs_t):
-            others, weight_acc = carry
+            others, weight_acc, inner = carry
             input_leaves, target, active = inputs_t
             active = active if pullback is None else pullback
             loss, outputs, others, weight_grads, signals, one_step = program.signals(
-                weights, others, input_leaves, target, active)
+                weights, others, input_leaves, target, active, prepared)
             weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
-            return (others, weight_acc), (loss, outputs if collect else None, signals, one_step)
+            inner = {n: rules[n].advance_step(trace, signals[n]) for n, trace in inner.items()}
+            signals = [None if n in stepwise else s for n, s in enumerate(signals)]
+            return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)
 
-        (others, weight_acc), (losses, outputs, signals, one_step) = lax.scan(step, (others, weight_acc), inputs)
+        inner = {n: traces[n] for n in stepwise}
+        (others, weight_acc, inner), (losses, outputs, signals, one_step) = lax.scan(
+            step, (others, weight_acc, inner), inputs)
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
+            if n in stepwise:
+                new_traces.append(inner[n])
+                continue
             grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
             if grad is not None:
                 pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
@@ -569,7 +635,7 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 
-    def run_steps(weights, carry, inputs, size, collect, pullback=None, length=None):
+    def run_steps(weights, carry, inputs, size, collect, pullback=None, length=None, prepared=None):
         """The first ``length`` steps (default: all) of ``inputs`` (leading axis T): full
         chunks of ``size`` in a scan, then the remainder as one shorter chunk. Each chunk
         is sliced from ``inputs`` in place: a sliced or reshaped prefix would be a copy of
@@ -579,11 +645,11 @@ def build_online(
         pieces = []
         if full:
             carry, (losses, outputs) = lax.scan(
-                lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect, pullback), carry,
-                jnp.arange(full))
+                lambda c, i: run_chunk(weights, c, _slice(inputs, i * size, size), collect, pullback, prepared),
+                carry, jnp.arange(full))
             pieces.append(jax.tree.map(lambda v: v.reshape(full * size, *v.shape[2:]), (losses, outputs)))
         if tail:
-            carry, out = run_chunk(weights, carry, _slice(inputs, full * size, tail), collect, pullback)
+            carry, out = run_chunk(weights, carry, _slice(inputs, full * size, tail), collect, pullback, prepared)
             pieces.append(out)
         if len(pieces) == 1:
             return carry, pieces[0]
@@ -619,17 +685,19 @@ def build_online(
         trace_values, t0 = start(traces)
         carry = (program.others(state_leaves), trace_values, *zero_accumulators(weights), t0)
         size = size_for(length)
+        prepared = program.prepare(weights)
         if isinstance(active, str) and length > size:
             # "last": every chunk but the final one without pull-back and without a
             # per-step branch; the final chunk reads the flags (two chunk bodies to compile).
             final = length % size or size
-            carry, head = run_steps(weights, carry, inputs, size, collect, pullback=False, length=length - final)
+            carry, head = run_steps(weights, carry, inputs, size, collect, pullback=False, length=length - final,
+                                    prepared=prepared)
             # The final chunk has the loss (at its last step): no chunk-level branch,
             # whose other arm would be a third copy of the chunk body to compile.
-            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), collect, None)
+            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), collect, None, prepared)
             out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), head, last)
         else:
-            carry, out = run_steps(weights, carry, inputs, size, collect)
+            carry, out = run_steps(weights, carry, inputs, size, collect, prepared=prepared)
         (others, traces, weight_acc, pair_acc, t), (losses, outputs) = carry, out
         grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
                                  [x[0] for x in xs_leaves])
@@ -647,7 +715,7 @@ def build_online(
         size = size_for(min(every, length))
 
         def window(weights, opt_state, inner, window_inputs):
-            inner, out = run_steps(weights, inner, window_inputs, size, collect)
+            inner, out = run_steps(weights, inner, window_inputs, size, collect, prepared=program.prepare(weights))
             others, traces, weight_acc, pair_acc, t = inner
             last_inputs = [x[-1] for x in window_inputs[0]]
             grads = weight_gradients(weights, weight_acc, pair_acc, others, last_inputs)

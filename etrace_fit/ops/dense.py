@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from ._units import attach_unit, in_unit, split_unit
 from .registry import EtpOp, apply_weight_fn, check_same_dtype, check_weight_fn, weight_fn_jvp
 
-__all__ = ["etp_mm_p", "etp_mv_p", "matmul"]
+__all__ = ["etp_mm_p", "etp_mv_p", "matmul", "matmul_of_parts", "weight_rows"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
 
@@ -113,6 +113,46 @@ etp_mv_p = _compat.register_primitive(
     jvp=_make_jvp(lambda: etp_mv_p),
     batch=_mv_batch,
 )
+
+
+def weight_rows(weight: jax.Array, sizes: list[int], weight_fn: WeightFn | None = None) -> list[jax.Array]:
+    """The effective weight ``weight_fn(W)`` split into row blocks of ``sizes``."""
+    effective = apply_weight_fn(weight_fn, weight)
+    starts = [sum(sizes[:n]) for n in range(len(sizes))]
+    return [effective[start:start + size] for start, size in zip(starts, sizes)]
+
+
+def matmul_of_parts(primitive: Any, x: jax.Array, parts: list[jax.Array], weight: jax.Array, *bias: jax.Array,
+                    weight_fn: WeightFn | None = None, rows: list[jax.Array] | None = None) -> jax.Array:
+    """``primitive``'s output for ``x = concatenate(parts, axis=-1)`` (one GEMM forward),
+    differentiated part by part: a part with a tangent contributes ``dpart @ W[rows]``,
+    a part without one nothing. Its transpose is ``δy @ W[rows]ᵀ`` for the parts that
+    need a cotangent only (a GRU gate's ``[x, h]``: the ``h`` columns, not all of
+    ``I + H``), where differentiating the concatenation would compute every column and
+    slice. ``x``'s own tangent is ignored: ``x`` must be ``concatenate(parts)``.
+    ``rows``: :func:`weight_rows` computed once outside a loop (a slice inside it would
+    copy the weight every step); they are constants of the differentiation."""
+    sizes = [part.shape[-1] for part in parts]
+
+    @jax.custom_jvp
+    def dense(x, parts, weight, bias):
+        return primitive.bind(x, weight, *bias, weight_fn=weight_fn)
+
+    def jvp(primals, tangents):
+        x, parts, weight, bias = primals
+        _, dparts, dweight, dbias = tangents
+        y = primitive.bind(x, weight, *bias, weight_fn=weight_fn)
+        blocks = weight_rows(weight, sizes, weight_fn) if rows is None else rows
+        terms = [jnp.matmul(dpart, block) for dpart, block in zip(dparts, blocks)
+                 if not _compat.is_symbolic_zero(dpart)]
+        if not _compat.is_symbolic_zero(dweight):
+            terms.append(jnp.matmul(x, weight_fn_jvp(weight_fn, weight, dweight)[1]))
+        if dbias and not _compat.is_symbolic_zero(dbias[0]):
+            terms.append(jnp.broadcast_to(dbias[0], y.shape))
+        return y, (sum(terms[1:], terms[0]) if terms else jnp.zeros_like(y))
+
+    dense.defjvp(jvp, symbolic_zeros=True)
+    return dense(x, list(parts), weight, list(bias))
 
 
 class DenseOp(EtpOp):

@@ -484,3 +484,59 @@ def test_weight_fn_closing_over_a_traced_value_raises_config_error():
 
     with pytest.raises(ConfigError, match="etp_mm: weight_fn closes over a traced value"):
         jax.jit(masked)(2.0)
+
+
+# ------------------------------------------------------------------ matmul_of_parts
+@pytest.mark.parametrize("weight_fn_name", ["none", "sign_full"])
+@pytest.mark.parametrize("rows", [False, True], ids=["sliced_inside", "rows_given"])
+def test_matmul_of_parts_has_the_concatenations_value_and_gradients(weight_fn_name, rows):
+    """``matmul_of_parts`` (the step program's pull-back of a gate's ``[x, h]``) equals
+    ``concatenate(parts) @ weight_fn(W) + b`` in value and in its gradient with respect
+    to the parts, the weight and the bias, whichever parts are differentiated."""
+    from etrace_fit.ops.dense import matmul_of_parts, weight_rows
+
+    rng = np.random.default_rng(3)
+    a, h, w, b = (jnp.asarray(rng.normal(size=s)) for s in ((4, 3), (4, 5), (8, 6), (6,)))
+    weight_fn, plain_fn = _weight_fn_cases(8, 6)[weight_fn_name]
+    given = weight_rows(w, [3, 5], weight_fn) if rows else None
+
+    def split(a, h, w, b):
+        return jnp.tanh(matmul_of_parts(etp_mm_p, jnp.concatenate([a, h], -1), [a, h], w, b, weight_fn=weight_fn,
+                                        rows=given)).sum()
+
+    def plain(a, h, w, b):
+        return jnp.tanh(jnp.concatenate([a, h], -1) @ plain_fn(w) + b).sum()
+
+    assert_close(split(a, h, w, b), plain(a, h, w, b))
+    for argnums in ((1,), (0, 1), (1, 3), (0, 1, 2, 3)) if not rows else ((1,), (0, 1), (1, 3)):
+        got = jax.jit(jax.grad(split, argnums))(a, h, w, b)
+        expected = jax.grad(plain, argnums)(a, h, w, b)
+        for g, e in zip(got, expected):
+            assert_close(g, e)
+
+
+def test_matmul_of_parts_pulls_back_only_the_parts_that_need_it():
+    """The gradient with respect to ``h`` alone is one ``(B, H)`` product, not the
+    ``(B, I + H)`` product that differentiating the concatenation computes and slices."""
+    from etrace_fit import _compat
+    from etrace_fit.ops.dense import matmul_of_parts
+
+    a, h, w = jnp.ones((4, 3)), jnp.ones((4, 5)), jnp.ones((8, 6))
+    split = jax.grad(lambda h: matmul_of_parts(etp_mm_p, jnp.concatenate([a, h], -1), [a, h], w).sum())
+    plain = jax.grad(lambda h: (jnp.concatenate([a, h], -1) @ w).sum())
+
+    def cotangent_shapes(fn):
+        jaxpr = jax.make_jaxpr(fn)(h)
+        found = []
+
+        def visit(jaxpr):
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == "dot_general":
+                    found.append(tuple(eqn.outvars[0].aval.shape))
+                for sub in _compat.jaxprs_in_params(eqn.params):
+                    visit(sub)
+        visit(jaxpr.jaxpr)
+        return found
+
+    assert (4, 8) in cotangent_shapes(plain)
+    assert (4, 8) not in cotangent_shapes(split) and (4, 5) in cotangent_shapes(split)
