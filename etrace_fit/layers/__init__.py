@@ -4,7 +4,8 @@
 Read ``linear.py`` for the simplest layer and ``spiking.py`` for neuron dynamics.
 """
 
-from .basic import (GELU, Activation, AvgPool1d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm,
+from .basic import (GELU, Activation, AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
+                    AvgPool1d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm,
                     LeakyReLU, MaxPool1d, MaxPool2d, ReLU, RMSNorm, SiLU, Softplus, Tanh)
 from .dropout import Dropout
 from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear
@@ -20,6 +21,10 @@ from .surrogate import FastSigmoid, Sigmoid, Surrogate, Triangle, get_surrogate
 __all__ = [
     "ALIF",
     "Activation",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
     "AvgPool1d",
     "AvgPool2d",
     "BatchNorm",

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from ..errors import ConfigError, ShapeError
 from .base import check_last_axis, describe, parameter, read, training
 
-__all__ = ["ACTIVATIONS", "Activation", "AvgPool1d", "AvgPool2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "GELU",
+__all__ = ["ACTIVATIONS", "Activation", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d",
+           "AdaptiveMaxPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "GELU",
            "GroupNorm", "LayerNorm", "LeakyReLU", "MaxPool1d",
            "MaxPool2d", "RMSNorm", "ReLU", "SiLU", "Sigmoid", "Softplus", "Tanh"]
 
@@ -174,6 +175,64 @@ class AvgPool2d(_Pool):
 class MaxPool2d(_Pool):
     """Maximum over ``kh × kw`` windows: ``(B, H, W, C) → (B, H', W', C)``. The
     gradient flows to the largest entry of each window."""
+
+    spatial, kind = 2, "max"
+
+
+class _AdaptivePool(brainstate.nn.Module):
+    spatial: int = 1
+    kind: str = "avg"
+
+    def __init__(self, output_size: int | Sequence[int], *, name: str | None = None):
+        super().__init__(name=name)
+        self.output_size = _tuple(output_size, self.spatial, "output_size", type(self).__name__)
+        self._summary = f"{self.output_size}"
+
+    def update(self, x: Any) -> jax.Array:
+        shape = tuple(jnp.shape(x))
+        axes = "L" if self.spatial == 1 else "H, W"
+        if len(shape) < self.spatial + 1:
+            raise ShapeError(f"{describe(self)}: expected (B, {axes}, C) channels-last input, got x.shape={shape}")
+        lead = len(shape) - self.spatial - 1
+        for axis, (size, out) in enumerate(zip(shape[lead:lead + self.spatial], self.output_size)):
+            if size < out:
+                raise ShapeError(f"{describe(self)}: spatial axis {axis} of x.shape={shape} has {size} entries, "
+                                 f"fewer than the {out} bins of output_size={self.output_size}")
+        reduce = jnp.max if self.kind == "max" else jnp.mean
+        for axis, out in enumerate(self.output_size):  # one spatial axis at a time (the bins are separable)
+            position = lead + axis
+            size = x.shape[position]
+            bins = [jax.lax.slice_in_dim(x, (i * size) // out, -(-((i + 1) * size) // out), axis=position)
+                    for i in range(out)]
+            x = jnp.stack([reduce(b, axis=position) for b in bins], axis=position)
+        return x
+
+
+class AdaptiveAvgPool1d(_AdaptivePool):
+    """Average over ``output_size`` bins along ``L``: ``(B, L, C) → (B, output_size, C)``
+    whatever ``L`` is. Bin ``i`` covers ``[⌊iL/n⌋, ⌈(i+1)L/n⌉)`` (PyTorch's bins: they
+    overlap when ``n`` does not divide ``L``)."""
+
+    spatial, kind = 1, "avg"
+
+
+class AdaptiveMaxPool1d(_AdaptivePool):
+    """Maximum over ``output_size`` bins along ``L``: ``(B, L, C) → (B, output_size, C)``
+    (bins as :class:`AdaptiveAvgPool1d`)."""
+
+    spatial, kind = 1, "max"
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    """Average over an ``output_size = (h, w)`` grid of bins: ``(B, H, W, C) → (B, h, w, C)``
+    whatever ``H, W`` are (bins per axis as :class:`AdaptiveAvgPool1d`). ``output_size=1``
+    is global average pooling."""
+
+    spatial, kind = 2, "avg"
+
+
+class AdaptiveMaxPool2d(_AdaptivePool):
+    """Maximum over an ``output_size = (h, w)`` grid of bins: ``(B, H, W, C) → (B, h, w, C)``."""
 
     spatial, kind = 2, "max"
 

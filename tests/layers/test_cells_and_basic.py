@@ -45,6 +45,12 @@ MODELS = {
     "AvgPool1d between Conv1d and LIF": (
         lambda: ef.Sequential(L.Conv1d(2, 4, 3), L.AvgPool1d(2), lif((4, 4)), L.Flatten(), L.Linear(16, 2)),
         (8, 2), False, 0.9, 0.9, {"layers.0.weight"}),
+    "AdaptiveAvgPool1d after LIF": (
+        lambda: ef.Sequential(L.Conv1d(2, 4, 3), lif((8, 4)), L.AdaptiveAvgPool1d(3), L.Flatten(), L.Linear(12, 2)),
+        (8, 2), True, 0.9, 1.0, set()),
+    "AdaptiveMaxPool2d between Conv2d and LIF": (
+        lambda: ef.Sequential(L.Conv2d(1, 2, 3), L.AdaptiveMaxPool2d((2, 3)), lif((2, 3, 2)), L.Flatten(),
+                              L.Linear(12, 2)), (5, 6, 1), False, 0.9, 0.95, {"layers.0.weight"}),
     "MaxPool2d between Conv2d and LIF": (
         lambda: ef.Sequential(L.Conv2d(1, 2, 3), L.MaxPool2d(2), lif((2, 2, 2)), L.Flatten(), L.Linear(8, 2)),
         (4, 4, 1), False, 0.9, 0.95, {"layers.0.weight"}),
@@ -180,6 +186,41 @@ def test_pooling_against_numpy():
         L.AvgPool2d(2)(jnp.ones((6, 3)))
     with pytest.raises(ConfigError, match="MaxPool1d: kernel_size must be a positive int"):
         L.MaxPool1d(0)
+
+
+def _adaptive_reference(x, sizes, reduce):
+    """PyTorch's adaptive pooling written out: bin i of an axis of length L covers
+    [floor(i L / n), ceil((i + 1) L / n)); channels last, spatial axes 1.. ."""
+    lengths = x.shape[1:1 + len(sizes)]
+    out = np.empty((x.shape[0], *sizes, x.shape[-1]))
+    for index in np.ndindex(*sizes):
+        window = tuple(slice(int(np.floor(i * n / s)), int(np.ceil((i + 1) * n / s)))
+                       for i, n, s in zip(index, lengths, sizes))
+        out[(slice(None), *index)] = reduce(x[(slice(None), *window)], axis=tuple(range(1, 1 + len(sizes))))
+    return out
+
+
+def test_adaptive_pooling_against_numpy_for_any_input_size():
+    rng = np.random.default_rng(0)
+    for shape, size in (((2, 7, 5, 3), (3, 2)), ((2, 6, 6, 3), (3, 3)), ((1, 5, 4, 2), (1, 1))):
+        x = rng.normal(size=shape)
+        np.testing.assert_allclose(np.asarray(L.AdaptiveAvgPool2d(size)(jnp.asarray(x))),
+                                   _adaptive_reference(x, size, np.mean), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(L.AdaptiveMaxPool2d(size)(jnp.asarray(x))),
+                                   _adaptive_reference(x, size, np.max), rtol=1e-6)
+    seq = rng.normal(size=(2, 10, 3))
+    for size in (1, 3, 4, 10):  # 3 and 4 do not divide 10: overlapping bins
+        np.testing.assert_allclose(np.asarray(L.AdaptiveAvgPool1d(size)(jnp.asarray(seq))),
+                                   _adaptive_reference(seq, (size,), np.mean), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(L.AdaptiveMaxPool1d(size)(jnp.asarray(seq))),
+                                   _adaptive_reference(seq, (size,), np.max), rtol=1e-6)
+    assert L.AdaptiveAvgPool2d(1)(jnp.ones((4, 9, 9, 2))).shape == (4, 1, 1, 2)  # global average pooling
+    with pytest.raises(ShapeError, match=r"AdaptiveAvgPool1d.*has 3 entries, fewer than the 4 bins"):
+        L.AdaptiveAvgPool1d(4)(jnp.ones((2, 3, 5)))
+    with pytest.raises(ShapeError, match=r"AdaptiveMaxPool2d.*channels-last input, got x.shape=\(6, 3\)"):
+        L.AdaptiveMaxPool2d(2)(jnp.ones((6, 3)))
+    with pytest.raises(ConfigError, match="AdaptiveAvgPool2d: output_size must be a positive int or 2 of them"):
+        L.AdaptiveAvgPool2d((2, 0))
 
 
 def test_layer_and_rms_norm_against_numpy_with_learned_scale_and_bias():
