@@ -39,6 +39,29 @@ def _matmul(A: jax.Array, M: jax.Array) -> jax.Array:
     return sum(A[..., :, r, None] * M[..., None, r, :] for r in range(M.shape[-1]))
 
 
+def _total(terms) -> Any:
+    """The sum of the terms that are not ``None`` (structural zeros), ``None`` if none are."""
+    terms = [term for term in terms if term is not None]
+    return sum(terms[1:], terms[0]) if terms else None
+
+
+def _times(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else a * b
+
+
+def _closure(nonzero: list[list[bool]]) -> list[list[bool]]:
+    """Where a product of any number of matrices with the pattern ``nonzero`` (and the
+    identity) can be nonzero."""
+    states = len(nonzero)
+    closed = [[i == j for j in range(states)] for i in range(states)]
+    while True:
+        grown = [[closed[i][j] or any(closed[i][m] and nonzero[m][j] for m in range(states))
+                  for j in range(states)] for i in range(states)]
+        if grown == closed:
+            return closed
+        closed = grown
+
+
 def advance_trace(traces: jax.Array, X: jax.Array, D: jax.Array, Df: jax.Array) -> jax.Array:
     """One step of the trace: ``ε^t = D ε^{t-1} + Df ⊗ X`` (``traces (B, P, S, K, O)``)."""
     # Σ_r D[..., s, r] · trace[..., r] written out over the few states: XLA fuses
@@ -58,12 +81,23 @@ class DRTRL:
 
     name = "d_rtrl"
 
-    def __init__(self, sharded: bool = False):
+    def __init__(self, sharded: bool = False, zeros: frozenset = frozenset()):
         self.sharded = sharded
+        self.zeros = frozenset(zeros)  # (s, r): D[..., s, r] is zero by construction
 
     def for_sharding(self) -> "DRTRL":
         """This rule for traces split over devices along the batch."""
-        return DRTRL(sharded=True)
+        return DRTRL(sharded=True, zeros=self.zeros)
+
+    def for_pair(self, pair: TracedPair) -> "DRTRL":
+        """This rule told which entries of ``pair``'s per-unit Jacobian are zero by
+        construction, so the chunk skips their products: a readout memory's ``ē`` is
+        reached by no other state (docs/theory.md §5.10), which leaves a third of an
+        ALIF's ``3×3`` products out."""
+        if not pair.readout_memory:
+            return self
+        last = pair.num_states - 1
+        return DRTRL(sharded=self.sharded, zeros=frozenset((s, last) for s in range(last)))
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> jax.Array:
         return jnp.zeros((batch, pair.positions, pair.num_states, pair.patch, pair.outputs), dtype)
@@ -96,31 +130,44 @@ class DRTRL:
         # Everything per state as (C, rows, O) slabs (free views for S = 1): a trailing
         # state axis of 2 or a (B, 1, K, O, 1) layout made XLA's passes several times
         # slower. Per-unit S×S matrices are nested lists of slabs.
+        # Entries of D that are zero by construction (self.zeros) are None and their
+        # products are skipped; the suffix products keep the closure of that pattern.
+        nonzero = [[(s, r) not in self.zeros for r in S] for s in S]
+        closed = _closure(nonzero)
         X = X.reshape(C, rows, K)
-        D = [[D[..., s, r].reshape(C, rows, O) for r in S] for s in S]
+        D = [[D[..., s, r].reshape(C, rows, O) if nonzero[s][r] else None for r in S] for s in S]
         Df = [Df[..., s].reshape(C, rows, O) for s in S]
-        one, zero = jnp.ones((1, rows, O), D[0][0].dtype), jnp.zeros((1, rows, O), D[0][0].dtype)
-        shifted_D = [[jnp.concatenate([D[s][r][1:], one if s == r else zero]) for r in S] for s in S]
-        identity = [[(one if i == j else zero)[0] for j in S] for i in S]
+        one, zero = jnp.ones((1, rows, O), Df[0].dtype), jnp.zeros((1, rows, O), Df[0].dtype)
+        shifted_D = [[None if D[s][r] is None else jnp.concatenate([D[s][r][1:], one if s == r else zero])
+                      for r in S] for s in S]
+        identity = [[(one if i == j else zero)[0] if closed[i][j] else None for j in S] for i in S]
         E = traces.reshape(rows, states, K, O)
         E = [E[:, s] for s in S]
 
+        def filled(value):  # an entry the pattern allows but no product reached yet
+            return zero[0] if value is None else value
+
         def advanced(suffix_1, reach):
             """E_C per state: the trace carried by Π D, plus one (K×C)(C×O) GEMM per row."""
-            decay = [[sum(suffix_1[i][m] * D[m][j][0] for m in S) for j in S] for i in S]  # D_C⋯D_1
-            new = [sum(decay[s][r][:, None, :] * E[r] for r in S)
-                   + jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype)) for s in S]
+            first = [[None if D[m][j] is None else D[m][j][0] for j in S] for m in S]
+            decay = [[_total(_times(suffix_1[i][m], first[m][j]) for m in S) for j in S] for i in S]  # D_C⋯D_1
+            new = [_total([_times(None if decay[s][r] is None else decay[s][r][:, None, :], E[r]) for r in S]
+                          + [jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype))]) for s in S]
             new = new[0][:, None] if states == 1 else jnp.stack(new, axis=1)
             return new.reshape(shape).astype(dtype)
 
         def suffixes(suffix, D_next):  # D_C⋯D_{r+2} → D_C⋯D_{r+1}
-            return [[sum(suffix[i][m] * D_next[m][j] for m in S) for j in S] for i in S]
+            return [[filled(_total(_times(suffix[i][m], D_next[m][j]) for m in S)) if closed[i][j] else None
+                     for j in S] for i in S]
+
+        def reached(suffix, Df_r):  # D_C⋯D_{r+1} Df_r per state
+            return [filled(_total(_times(suffix[i][m], Df_r[m]) for m in S)) for i in S]
 
         if G is None:  # no learning signal in the chunk: advance the trace only
             def carry_only(suffix, inputs):
                 D_next, Df_r = inputs
                 suffix = suffixes(suffix, D_next)
-                return suffix, [sum(suffix[i][m] * Df_r[m] for m in S) for i in S]
+                return suffix, reached(suffix, Df_r)
 
             suffix_1, reach = lax.scan(carry_only, identity, (shifted_D, Df), reverse=True)
             return None, advanced(suffix_1, reach)
@@ -131,13 +178,14 @@ class DRTRL:
         def back(carry, inputs):
             lam, suffix = carry  # λ_{r+1} and D_C⋯D_{r+2}
             G_next, D_next, Df_r = inputs
-            lam = [G_next[j] + sum(D_next[i][j] * lam[i] for i in S) for j in S]  # G + Dᵀ λ
+            lam = [_total([G_next[j]] + [_times(D_next[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
             suffix = suffixes(suffix, D_next)
-            return (lam, suffix), (lam, [sum(suffix[i][m] * Df_r[m] for m in S) for i in S])
+            return (lam, suffix), (lam, reached(suffix, Df_r))
 
         (lam_1, suffix_1), (lam, reach) = lax.scan(back, ([zero[0]] * states, identity),
                                                     (shifted_G, shifted_D, Df), reverse=True)
-        mu = [G[j][0] + sum(D[i][j][0] * lam_1[i] for i in S) for j in S]  # (rows, O) per state
+        mu = [_total([G[j][0]] + [None if D[i][j] is None else D[i][j][0] * lam_1[i] for i in S])
+              for j in S]  # (rows, O) per state
         signal = sum(Df[s] * lam[s] for s in S)
         if dY is not None:  # the one-step part, in the same GEMM
             signal = signal + dY.reshape(C, rows, O)

@@ -554,6 +554,9 @@ def build_online(
     leaky readout whose memory the pairs marked ``readout_memory`` follow (``Plan.readout``)."""
     if sharded:
         rules = tuple(rule.for_sharding() if hasattr(rule, "for_sharding") else rule for rule in rules)
+    # A rule may specialise to its pair's structure (D-RTRL skips the products of
+    # entries of D that are zero by construction: a readout memory's ē column).
+    rules = tuple(rule.for_pair(pair) if hasattr(rule, "for_pair") else rule for pair, rule in zip(pairs, rules))
     module = graph.module
     program = build_step_program(graph, pairs, step_loss, trace_dtype, feedback, readout)
     batch = pairs[0].group.shape[0] if pairs else 1

@@ -187,3 +187,35 @@ def test_a_recurrent_layer_read_by_a_leaky_readout_takes_the_same_path():
     with_memory, without = errors
     assert max(with_memory.values()) < 1e-9, with_memory
     assert without["layers.0.W.weight['weight']"] > 0.1, without
+
+
+def test_d_rtrl_skips_the_readout_memorys_zero_column_without_changing_a_number():
+    """The ``ē`` state is reached by no other state (``D[..., s, S-1] = 0`` for s < S-1),
+    so ``DRTRL.for_pair`` leaves those products out of its chunk; the chunk's gradient
+    and trace equal the dense rule's on the same signals (float64), with and without
+    learning signal, also in the sharded form."""
+    from etrace_fit.algorithms.base import PairSignals
+    from etrace_fit.algorithms.d_rtrl import DRTRL
+
+    case = Case(_model("alif"), (T, B, I), (T, B, O), 64)
+    with case.env():
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+        memory_pair, readout_pair = plan.pairs
+        assert DRTRL().for_pair(readout_pair).zeros == frozenset()
+        structured = DRTRL().for_pair(memory_pair)
+        assert structured.zeros == {(0, 2), (1, 2)}  # ALIF's V and a do not read ē
+        rng = np.random.default_rng(0)
+        C, S, K = 6, memory_pair.num_states, memory_pair.patch
+        D = rng.normal(size=(C, B, 1, N, S, S)) * 0.5
+        D[..., :S - 1, S - 1] = 0.0
+        signals = PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(C, B, 1, K)), D,
+                                                          rng.normal(size=(C, B, 1, N, S)),
+                                                          rng.normal(size=(C, B, 1, N, S)),
+                                                          rng.normal(size=(C, B, 1, N)))))
+        traces = jnp.asarray(rng.normal(size=(B, 1, S, K, N)))
+        for dense, sparse in ((DRTRL(), structured), (DRTRL(sharded=True), structured.for_sharding())):
+            for a, b in zip(dense.chunk(traces, signals, 0), sparse.chunk(traces, signals, 0)):
+                np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=1e-12)
+            quiet = signals._replace(G=None, dY=None)
+            np.testing.assert_allclose(np.asarray(sparse.advance(traces, quiet, 0)),
+                                       np.asarray(dense.advance(traces, quiet, 0)), rtol=1e-12, atol=1e-12)
