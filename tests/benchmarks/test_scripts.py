@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
     ["benchmarks/rules.py", "--lengths", "4", "8", "--repeats", "1", "--models", "lif"],
     ["benchmarks/epoch_time.py", "--task", "rate", "--epochs", "2", "--rounds", "1", "--samples", "64"],
     ["benchmarks/fidelity.py", "--lengths", "4", "--batch", "2", "--hidden", "4"],
+    ["benchmarks/es_floor.py", "--models", "lif", "--loss", "last", "--repeats", "1"],
 ])
 def test_benchmark_script_runs(args):
     result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
