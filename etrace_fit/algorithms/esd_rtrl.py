@@ -58,7 +58,7 @@ class ESDRTRL:
         return batch * pair.positions * (pair.patch + pair.outputs * pair.num_states) * itemsize
 
     def step(self, traces, signals: PairSignals, t: jax.Array):
-        X, D, Df, G, dY = signals[:5]
+        X, G, dY = signals.X, signals.G, signals.dY
         eps_x, eps_f = traces
         alpha = self.alpha
         dtype = jnp.promote_types(G.dtype, jnp.float32)
@@ -71,10 +71,7 @@ class ESDRTRL:
         else:  # one GEMM for both parts: [X; ε_x]ᵀ [dY; history], inner dimension 2·B·P
             grad = jnp.einsum("bpk,bpo->ko", jnp.concatenate([X, eps_x.astype(X.dtype)]),
                               jnp.concatenate([dY, history.astype(dY.dtype)]))
-        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
-        eps_x = (alpha * eps_x + X).astype(eps_x.dtype)
-        eps_f = (carried + (1.0 - alpha) * Df).astype(eps_f.dtype)
-        return grad, (eps_x, eps_f)
+        return grad, self.advance_step(traces, signals)
 
     def chunk(self, traces, signals: PairSignals, t0: jax.Array):
         """The same over ``C`` steps, with the one GEMM of BPTT's size.
@@ -128,7 +125,7 @@ class ESDRTRL:
         second loop over the chunk's stacked signals."""
         X, D, Df = signals[:3]
         eps_x, eps_f = traces
-        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))
+        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
         return ((self.alpha * eps_x + X).astype(eps_x.dtype),
                 (carried + (1.0 - self.alpha) * Df).astype(eps_f.dtype))
 
