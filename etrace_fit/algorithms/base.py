@@ -37,7 +37,7 @@ from jax import lax
 
 from ..compiler import ETraceGraph, HiddenGroup, Relation
 
-__all__ = ["PairSignals", "Rule", "TracedPair", "traced_pairs"]
+__all__ = ["PairSignals", "Rule", "TracedPair", "joined_states", "split_states", "traced_pairs"]
 
 
 class PairSignals(NamedTuple):
@@ -49,6 +49,32 @@ class PairSignals(NamedTuple):
     G: jax.Array
     dY: jax.Array | None = None
     psi: jax.Array | None = None
+
+
+def split_states(signals: PairSignals) -> PairSignals:
+    """The signals with every state axis split: ``D[s][r]`` (a nested tuple, ``None``
+    where the entry is zero by construction), ``Df[s]`` and ``G[s]`` (tuples), each of
+    the canonical shape without its state axes, with any leading axes (a chunk's ``C``).
+    The step program makes this form (a trailing ``S`` or ``S×S`` block is several times
+    slower to write on CPU); signals already split are returned as they are."""
+    X, D, Df, G = signals[:4]
+    if isinstance(Df, tuple):
+        return signals
+    states = range(Df.shape[-1])
+    return signals._replace(D=tuple(tuple(D[..., s, r] for r in states) for s in states),
+                            Df=tuple(Df[..., s] for s in states),
+                            G=G if G is None or G.ndim < Df.ndim else tuple(G[..., s] for s in states))
+
+
+def joined_states(signals: PairSignals) -> PairSignals:
+    """The canonical form (module docstring) of signals split by :func:`split_states`."""
+    X, D, Df, G = signals[:4]
+    if not isinstance(Df, tuple):
+        return signals
+    zero = jnp.zeros_like(Df[0])
+    D = jnp.stack([jnp.stack([zero if d is None else d for d in row], axis=-1) for row in D], axis=-2)
+    return signals._replace(D=D, Df=jnp.stack(Df, axis=-1),
+                            G=jnp.stack(G, axis=-1) if isinstance(G, tuple) else G)
 
 
 class Rule(Protocol):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .base import PairSignals, TracedPair
+from .base import PairSignals, TracedPair, split_states
 
 __all__ = ["DRTRL", "advance_trace"]
 
@@ -113,83 +113,84 @@ class DRTRL:
             grad = grad + jnp.einsum("bpk,bpo->ko", X, dY)
         return grad, new
 
+    def stack_form(self, signals: PairSignals) -> PairSignals:
+        """The signals as :meth:`chunk` reads them: every state axis split into slabs of
+        shape ``(..., B·P, O)`` (``D[s][r]``, ``None`` where ``self.zeros`` says the entry
+        is zero by construction; ``Df[s]``, ``G[s]``), ``X (..., B·P, K)``. The engine
+        applies it to each step before stacking the chunk, so every stacked slab is
+        contiguous: a chunk read ``(C, B, P, O, S, S)`` with a trailing ``S×S`` block
+        through strided slices and shifted copies, which took most of its time (packing
+        the slabs into one array per step made the chunk's loop read them slower)."""
+        X, D, Df, G, dY = split_states(signals)[:5]
+
+        def rows(value):  # (..., B, P, O) → (..., B·P, O)
+            return None if value is None else value.reshape(*value.shape[:-3], -1, value.shape[-1])
+
+        return signals._replace(
+            X=rows(X), D=tuple(tuple(None if (s, r) in self.zeros else rows(d) for r, d in enumerate(row))
+                               for s, row in enumerate(D)),
+            Df=tuple(map(rows, Df)), G=None if G is None else tuple(map(rows, G)), dY=rows(dY))
+
     def chunk(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The same over ``C`` steps at once (docs/theory.md §5.9), exactly: the trace is read
         and written once, the in-chunk part is one GEMM over ``C·B·P`` rows.
 
-        With ``E_0`` the trace before the chunk and step ``r`` = 1..C,
-        ``λ_C = 0, λ_r = G_{r+1} + D_{r+1}ᵀ λ_{r+1}`` (backward, per unit),
-        ``μ = G_1 + D_1ᵀ λ_1``; the chunk's gradient is ``Σ μ ⊙ E_0 + Σ_r X_rᵀ (dY_r + Df_r·λ_r)``
-        and ``E_C = (D_C⋯D_1) E_0 + Σ_r (D_C⋯D_{r+1} Df_r) ⊗ X_r``. Suffix products come
-        from a reverse scan, never a division (a hard reset has ``D = 0``).
+        With ``E_0`` the trace before the chunk and step ``r`` = 1..C, one backward pass
+        from ``r = C`` carries ``λ_r`` (``λ_C = 0``, ``λ_{r-1} = G_r + D_rᵀ λ_r``) and the
+        suffix product ``Π_r = D_C⋯D_{r+1}`` (``Π_C = I``, ``Π_{r-1} = Π_r D_r``); the
+        chunk's gradient is ``Σ λ_0 ⊙ E_0 + Σ_r X_rᵀ (dY_r + Df_r·λ_r)`` and
+        ``E_C = Π_0 E_0 + Σ_r (Π_r Df_r) ⊗ X_r`` — never a division (a hard reset has
+        ``D = 0``). ``signals``: stacked in :meth:`stack_form` (canonical or split: converted).
         """
+        if not isinstance(signals.Df, tuple) or signals.Df[0].ndim == 4:  # canonical or split (C, B, P, O)
+            signals = self.stack_form(signals)
         X, D, Df, G, dY = signals[:5]
         shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
-        C, rows, K, O = X.shape[0], shape[0] * shape[1], shape[3], shape[4]  # rows: samples × positions
+        rows, K, O = shape[0] * shape[1], shape[3], shape[4]  # rows: samples × positions
         S = range(states)
-        # Everything per state as (C, rows, O) slabs (free views for S = 1): a trailing
-        # state axis of 2 or a (B, 1, K, O, 1) layout made XLA's passes several times
-        # slower. Per-unit S×S matrices are nested lists of slabs.
-        # Entries of D that are zero by construction (self.zeros) are None and their
-        # products are skipped; the suffix products keep the closure of that pattern.
-        nonzero = [[(s, r) not in self.zeros for r in S] for s in S]
-        closed = _closure(nonzero)
-        X = X.reshape(C, rows, K)
-        D = [[D[..., s, r].reshape(C, rows, O) if nonzero[s][r] else None for r in S] for s in S]
-        Df = [Df[..., s].reshape(C, rows, O) for s in S]
-        one, zero = jnp.ones((1, rows, O), Df[0].dtype), jnp.zeros((1, rows, O), Df[0].dtype)
-        shifted_D = [[None if D[s][r] is None else jnp.concatenate([D[s][r][1:], one if s == r else zero])
-                      for r in S] for s in S]
-        identity = [[(one if i == j else zero)[0] if closed[i][j] else None for j in S] for i in S]
-        E = traces.reshape(rows, states, K, O)
-        E = [E[:, s] for s in S]
+        # Per-unit S×S matrices are nested lists of (rows, O) slabs; entries of D that
+        # are zero by construction are None and their products are skipped, the suffix
+        # products keeping the closure of that pattern.
+        closed = _closure([[D[s][r] is not None for r in S] for s in S])
+        one, zero = jnp.ones((rows, O), Df[0].dtype), jnp.zeros((rows, O), Df[0].dtype)
+        identity = [[(one if i == j else zero) if closed[i][j] else None for j in S] for i in S]
 
         def filled(value):  # an entry the pattern allows but no product reached yet
-            return zero[0] if value is None else value
+            return zero if value is None else value
 
-        def advanced(suffix_1, reach):
-            """E_C per state: the trace carried by Π D, plus one (K×C)(C×O) GEMM per row."""
-            first = [[None if D[m][j] is None else D[m][j][0] for j in S] for m in S]
-            decay = [[_total(_times(suffix_1[i][m], first[m][j]) for m in S) for j in S] for i in S]  # D_C⋯D_1
-            new = [_total([_times(None if decay[s][r] is None else decay[s][r][:, None, :], E[r]) for r in S]
-                          + [jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype))]) for s in S]
-            new = new[0][:, None] if states == 1 else jnp.stack(new, axis=1)
-            return new.reshape(shape).astype(dtype)
-
-        def suffixes(suffix, D_next):  # D_C⋯D_{r+2} → D_C⋯D_{r+1}
-            return [[filled(_total(_times(suffix[i][m], D_next[m][j]) for m in S)) if closed[i][j] else None
+        def times(suffix, D_r):  # Π_r D_r
+            return [[filled(_total(_times(suffix[i][m], D_r[m][j]) for m in S)) if closed[i][j] else None
                      for j in S] for i in S]
 
-        def reached(suffix, Df_r):  # D_C⋯D_{r+1} Df_r per state
+        def reached(suffix, Df_r):  # Π_r Df_r per state
             return [filled(_total(_times(suffix[i][m], Df_r[m]) for m in S)) for i in S]
 
         if G is None:  # no learning signal in the chunk: advance the trace only
             def carry_only(suffix, inputs):
-                D_next, Df_r = inputs
-                suffix = suffixes(suffix, D_next)
-                return suffix, reached(suffix, Df_r)
+                D_r, Df_r = inputs
+                return times(suffix, D_r), reached(suffix, Df_r)
 
-            suffix_1, reach = lax.scan(carry_only, identity, (shifted_D, Df), reverse=True)
-            return None, advanced(suffix_1, reach)
+            decay, reach = lax.scan(carry_only, identity, (D, Df), reverse=True)
+            grad = None
+        else:
+            def back(carry, inputs):
+                lam, suffix = carry  # λ_r and Π_r
+                G_r, D_r, Df_r, dY_r = inputs
+                signal = sum(Df_r[s] * lam[s] for s in S)
+                signal = signal if dY_r is None else signal + dY_r
+                lam = [_total([G_r[j]] + [_times(D_r[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
+                return (lam, times(suffix, D_r)), (reached(suffix, Df_r), signal)
 
-        G = [G[..., s].reshape(C, rows, O) for s in S]
-        shifted_G = [jnp.concatenate([g[1:], zero]) for g in G]
-
-        def back(carry, inputs):
-            lam, suffix = carry  # λ_{r+1} and D_C⋯D_{r+2}
-            G_next, D_next, Df_r = inputs
-            lam = [_total([G_next[j]] + [_times(D_next[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
-            suffix = suffixes(suffix, D_next)
-            return (lam, suffix), (lam, reached(suffix, Df_r))
-
-        (lam_1, suffix_1), (lam, reach) = lax.scan(back, ([zero[0]] * states, identity),
-                                                    (shifted_G, shifted_D, Df), reverse=True)
-        mu = [_total([G[j][0]] + [None if D[i][j] is None else D[i][j][0] * lam_1[i] for i in S])
-              for j in S]  # (rows, O) per state
-        signal = sum(Df[s] * lam[s] for s in S)
-        if dY is not None:  # the one-step part, in the same GEMM
-            signal = signal + dY.reshape(C, rows, O)
-        grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
+            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True)
+            grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
+        E = traces.reshape(rows, states, K, O)
+        E = [E[:, s] for s in S]
+        # E_C per state: the trace carried by Π_0, plus one (K×C)(C×O) GEMM per row.
+        new = [_total([_times(None if decay[s][r] is None else decay[s][r][:, None, :], E[r]) for r in S]
+                      + [jnp.einsum("cnk,cno->nko", X, reach[s].astype(X.dtype))]) for s in S]
+        new = (new[0][:, None] if states == 1 else jnp.stack(new, axis=1)).reshape(shape).astype(dtype)
+        if grad is None:
+            return None, new
         # Σ_n μ[n] ⊙ E[n] as a loop over rows: a reduce over the leading axis of the
         # trace ran ~9x slower on CPU.
         if self.sharded:  # a sum over the (split) samples: partial sums per device, then one all-reduce
@@ -197,7 +198,7 @@ class DRTRL:
         else:
             history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
                                     jnp.zeros((K, O), dtype))
-        return grad + history.astype(grad.dtype), advanced(suffix_1, reach)
+        return grad + history.astype(grad.dtype), new
 
     def advance(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> jax.Array:
         """The trace after a chunk without learning signal (``G`` is ``None``)."""

@@ -27,7 +27,7 @@ from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from ..ops.dense import matmul_of_parts, weight_rows
-from .base import PairSignals, Rule, TracedPair, scalar_loss
+from .base import PairSignals, Rule, TracedPair, joined_states, scalar_loss
 from .readout import new_state_vars, readout_memory
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
@@ -264,19 +264,21 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
     def transition_derivatives(leaves, input_leaves, captured):
         """``D`` per group, ``Df`` per pair and, with a readout memory, the derivatives
-        of the readout's input ``u`` per group state and per relation (same pass)."""
-        h_prev = [jnp.stack([leaves[state_position[path]] for path in g.paths], axis=-1) for g in groups]
+        of the readout's input ``u`` per group state and per relation (same pass), all
+        split per state (``D[s][r]``, ``Df[s]``: arrays of the group's shape): arrays
+        with a trailing state axis are several times slower to write on CPU."""
+        h_prev = [[leaves[state_position[path]] for path in g.paths] for g in groups]
         ys = [captured[eqns[i].outvars[0]] for i in relation_eqns]
 
         def transitions(h_groups, ys_):
             step_leaves = list(leaves)
-            for group, h in zip(groups, h_groups):
-                for s, path in enumerate(group.paths):
-                    step_leaves[state_position[path]] = h[..., s]
+            for group, hs in zip(groups, h_groups):
+                for path, h in zip(group.paths, hs):
+                    step_leaves[state_position[path]] = h
             inputs_of = {readout.readout: None} if memory_pairs else None
             outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)),
                             inputs_of=inputs_of)
-            new = [jnp.stack([outs[num_outputs + state_position[path]] for path in g.paths], axis=-1) for g in groups]
+            new = [[outs[num_outputs + state_position[path]] for path in g.paths] for g in groups]
             return new + ([inputs_of[readout.readout][readout_x_index]] if memory_pairs else [])
 
         _, linear = jax.linearize(transitions, h_prev, ys)
@@ -285,8 +287,9 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         # each elementwise group, and a ones tangent on each relation's output.
         directions = [("h", n, s) for n, g in enumerate(groups) if g.elementwise for s in range(g.num_states)]
         directions += [("y", m, None) for m in range(len(ys))]
-        h_tangents = [jnp.stack([jnp.zeros_like(h).at[..., s].set(1.0) if kind == "h" and i == n
-                                 else jnp.zeros_like(h) for kind, i, s in directions]) for n, h in enumerate(h_prev)]
+        h_tangents = [[jnp.stack([jnp.ones_like(h) if (kind, i, s) == ("h", n, q) else jnp.zeros_like(h)
+                                  for kind, i, s in directions]) for q, h in enumerate(hs)]
+                      for n, hs in enumerate(h_prev)]
         y_tangents = [jnp.stack([jnp.ones_like(y) if kind == "y" and i == m else jnp.zeros_like(y)
                                  for kind, i, _ in directions]) for m, y in enumerate(ys)]
         outs = jax.vmap(linear)(h_tangents, y_tangents) if directions else None
@@ -295,21 +298,23 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             u_of = outs[len(groups)]
             for n, group in enumerate(groups):
                 if group.index in readout.reading:
-                    memory[group.index] = jnp.stack([u_of[directions.index(("h", n, s))]
-                                                     for s in range(group.num_states)], axis=-1)
+                    memory[group.index] = [u_of[directions.index(("h", n, s))] for s in range(group.num_states)]
             for m, eqn_index in enumerate(relation_eqns):
                 memory[("y", eqn_index)] = u_of[directions.index(("y", m, None))]
         for n, group in enumerate(groups):
+            states = range(group.num_states)
             if not group.elementwise:  # units mix: the exact per-unit blocks, at a cost
-                jacobians[group.index] = group_jacobian(module, group, leaves, input_leaves)
+                full = group_jacobian(module, group, leaves, input_leaves)
+                jacobians[group.index] = [[full[..., s, r] for r in states] for s in states]
                 continue
-            columns = [outs[n][directions.index(("h", n, s))] for s in range(group.num_states)]
-            jacobians[group.index] = jnp.stack(columns, axis=-1)
+            jacobians[group.index] = [[outs[n][s][directions.index(("h", n, r))] for r in states] for s in states]
         sensitivities = {}
         for m, eqn_index in enumerate(relation_eqns):
             for pair in pairs:
                 if pair.relation.eqn_index == eqn_index:
-                    sensitivities[pair.index] = outs[groups.index(pair.group)][directions.index(("y", m, None))]
+                    n = groups.index(pair.group)
+                    sensitivities[pair.index] = [outs[n][s][directions.index(("y", m, None))]
+                                                 for s in range(pair.group.num_states)]
         return jacobians, sensitivities, memory
 
     def readout_sensitivity(leaves, input_leaves, h_new):
@@ -380,37 +385,33 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             dY = G = None
             batch = hidden_prev[0].shape[0]
             x = None if eqn.primitive.name == "etp_elemwise" else captured[eqn.invars[0]]
+            units = pair.canonical_units
+            D = tuple(tuple(units(d, 0) for d in row) for row in jacobians[pair.group.index])
+            Df = tuple(units(d, 0) for d in sensitivities[pair.index])
             if pair.index in eprop_pairs:  # e-prop: the readout's error per unit, and ψ
                 one_step_taken.add(index)
                 if active is not False:
-                    G = pair.canonical_units(x_signal, 0).astype(trace_dtype)
-                pair_signals.append(PairSignals(
-                    X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
-                    D=pair.canonical_units(jacobians[pair.group.index], 2).astype(trace_dtype),
-                    Df=pair.canonical_units(sensitivities[pair.index], 1).astype(trace_dtype),
-                    G=G, psi=pair.canonical_units(psi, 1).astype(trace_dtype)))
+                    G = units(x_signal, 0).astype(trace_dtype)
+                pair_signals.append(joined_states(PairSignals(
+                    X=pair.canonical_x(x, eqn.params, batch, trace_dtype), D=_cast(D, trace_dtype),
+                    Df=_cast(Df, trace_dtype), G=G, psi=units(psi, 1).astype(trace_dtype))))
                 continue
             if index in output_grad_of and index not in one_step_taken and active is not False:  # once per relation
                 one_step_taken.add(index)
-                dY = pair.canonical_units(output_grad_of[index], 0).astype(trace_dtype)
+                dY = units(output_grad_of[index], 0).astype(trace_dtype)
             if active is not False:  # statically without signal: G and dY are None
-                G = pair.canonical_units(jnp.stack([signal_of[path] for path in pair.group.paths], axis=-1), 1)
-                G = G.astype(trace_dtype)
-            D = pair.canonical_units(jacobians[pair.group.index], 2)
-            Df = pair.canonical_units(sensitivities[pair.index], 1)
+                G = tuple(units(signal_of[path], 0) for path in pair.group.paths)
             if pair.index in memory_pairs:
                 D, Df, G = _with_readout_memory(
-                    pair, D, Df, G, kappa=jacobians[readout.group].reshape(batch, -1)[:, 0],
-                    u_prev=pair.canonical_units(memory[pair.group.index], 1),
-                    u_y=pair.canonical_units(memory[("y", index)], 0),
-                    u_signal=None if G is None else pair.canonical_units(x_signal, 0))
+                    pair, D, Df, G, kappa=jacobians[readout.group][0][0].reshape(batch, -1)[:, 0],
+                    u_prev=[units(u, 0) for u in memory[pair.group.index]],
+                    u_y=units(memory[("y", index)], 0),
+                    u_signal=None if G is None else units(x_signal, 0))
+            # Split per state (base.split_states); a rule that reads the canonical form
+            # gets it joined where the engine hands the signals over.
             pair_signals.append(PairSignals(
                 X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
-                D=D.astype(trace_dtype),
-                Df=Df.astype(trace_dtype),
-                G=None if G is None else G.astype(trace_dtype),
-                dY=dY,
-            ))
+                D=_cast(D, trace_dtype), Df=_cast(Df, trace_dtype), G=_cast(G, trace_dtype), dY=dY))
         one_step = None
         if active is not False:
             one_step = [(captured[eqns[i].invars[etp_op_info(eqns[i].primitive).x_index]], output_grad_of[i])
@@ -422,20 +423,23 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
 
 def _with_readout_memory(pair, D, Df, G, *, kappa, u_prev, u_y, u_signal):
-    """The pair's signals with the readout memory ``ē`` as state ``S`` (docs/theory.md
+    """The pair's split signals with the readout memory ``ē`` as state ``S`` (docs/theory.md
     §5.10): ``ē^t = ∂u^t/∂h^{t-1}·ε^{t-1} + κ ē^{t-1} + ∂u^t/∂y^t x^t``, met by the
     signal ``κ ∂L^t/∂u^t`` (``u``: the readout's input; ``κ (B,)`` read off the readout's
-    Jacobian at this step)."""
-    S = D.shape[-1]
-    k = kappa.reshape(-1, 1, 1).astype(D.dtype)
-    top = jnp.concatenate([D, jnp.zeros((*D.shape[:-1], 1), D.dtype)], axis=-1)
-    bottom = jnp.concatenate([u_prev.astype(D.dtype), jnp.broadcast_to(k[..., None], (*D.shape[:3], 1))], axis=-1)
-    D = jnp.concatenate([top, bottom[..., None, :]], axis=-2)
-    Df = jnp.concatenate([Df, u_y[..., None].astype(Df.dtype)], axis=-1)
+    Jacobian at this step). No other state depends on ``ē``: ``D[s][S]`` is ``None``."""
+    S = len(Df)
+    k = jnp.broadcast_to(kappa.reshape(-1, 1, 1).astype(Df[0].dtype), Df[0].shape)
+    D = tuple(tuple(row) + (None,) for row in D) + (tuple(u.astype(Df[0].dtype) for u in u_prev) + (k,),)
+    Df = tuple(Df) + (u_y.astype(Df[0].dtype),)
     if G is not None:
-        G = jnp.concatenate([G, (k * u_signal)[..., None].astype(G.dtype)], axis=-1)
-    assert D.shape[-1] == S + 1 == pair.num_states
+        G = tuple(G) + ((k * u_signal).astype(G[0].dtype),)
+    assert len(Df) == S + 1 == pair.num_states
     return D, Df, G
+
+
+def _cast(tree: Any, dtype: Any) -> Any:
+    """Every array of ``tree`` as ``dtype`` (``None`` entries stay)."""
+    return jax.tree.map(lambda a: a.astype(dtype), tree)
 
 
 def _concatenated_inputs(eqns, exclude: set) -> dict[int, int]:
@@ -616,6 +620,10 @@ def build_online(
             loss, outputs, others, weight_grads, signals, one_step = program.signals(
                 weights, others, input_leaves, target, active, prepared)
             weight_acc = [a + g.astype(a.dtype) for a, g in zip(weight_acc, weight_grads)]
+            # Each rule's signals in the form it reads them (stacked, for a chunk): its
+            # stack_form when it has one (D-RTRL: per-state slabs), else canonical.
+            signals = [rules[n].stack_form(s) if hasattr(rules[n], "stack_form") else joined_states(s)
+                       for n, s in enumerate(signals)]
             inner = {n: rules[n].advance_step(trace, signals[n]) for n, trace in inner.items()}
             signals = [None if n in stepwise else s for n, s in enumerate(signals)]
             return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)

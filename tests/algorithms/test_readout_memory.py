@@ -219,3 +219,107 @@ def test_d_rtrl_skips_the_readout_memorys_zero_column_without_changing_a_number(
             quiet = signals._replace(G=None, dY=None)
             np.testing.assert_allclose(np.asarray(sparse.advance(traces, quiet, 0)),
                                        np.asarray(dense.advance(traces, quiet, 0)), rtol=1e-12, atol=1e-12)
+
+
+def test_d_rtrl_reads_canonical_split_and_stacked_signals_alike():
+    """``DRTRL.chunk`` takes the chunk's signals canonical, split per state
+    (``split_states``, what the step program makes) or in its own ``stack_form`` (what
+    the engine stacks): the same gradient and trace (float64); ``joined_states`` undoes
+    ``split_states``."""
+    from etrace_fit.algorithms.base import PairSignals, joined_states, split_states
+    from etrace_fit.algorithms.d_rtrl import DRTRL
+
+    with brainstate.environ.context(precision=64):
+        _check_the_forms_alike(PairSignals, joined_states, split_states, DRTRL)
+
+
+def _check_the_forms_alike(PairSignals, joined_states, split_states, DRTRL):
+    rng = np.random.default_rng(3)
+    C, S, K = 5, 3, 4
+    rule = DRTRL(zeros=frozenset({(0, 2), (1, 2)}))
+    D = rng.normal(size=(C, B, 2, N, S, S)) * 0.5
+    D[..., :S - 1, S - 1] = 0.0
+    canonical = PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(C, B, 2, K)), D,
+                                                       rng.normal(size=(C, B, 2, N, S)),
+                                                       rng.normal(size=(C, B, 2, N, S)),
+                                                       rng.normal(size=(C, B, 2, N)))))
+    split = split_states(canonical)
+    assert isinstance(split.D, tuple) and split.D[1][2].shape == (C, B, 2, N)
+    for name, field in zip(PairSignals._fields, joined_states(split)):
+        original = getattr(canonical, name)
+        assert (field is None) == (original is None), name
+        if field is not None:
+            np.testing.assert_array_equal(np.asarray(field), np.asarray(original), err_msg=name)
+    stacked = rule.stack_form(canonical)
+    assert stacked.D[0][2] is None and stacked.Df[0].shape == (C, B * 2, N)  # structural zeros are skipped
+    traces = jnp.asarray(rng.normal(size=(B, 2, S, K, N)))
+    reference = rule.chunk(traces, canonical, 0)
+    for form in (split, stacked):
+        for got, want in zip(rule.chunk(traces, form, 0), reference):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+    # and against per-step D-RTRL, which reads the canonical form
+    total, trace = None, traces
+    for c in range(C):
+        grad, trace = rule.step(trace, PairSignals(*(None if a is None else a[c] for a in canonical)), c)
+        total = grad if total is None else total + grad
+    np.testing.assert_allclose(np.asarray(reference[0]), np.asarray(total), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(reference[1]), np.asarray(trace), rtol=1e-10, atol=1e-10)
+
+
+def test_the_online_program_writes_no_state_block_per_step():
+    """The step program keeps ``D``, ``Df`` and ``G`` split per state all the way to
+    D-RTRL's chunk: the compiled program of an ALIF net with a leaky readout (``S = 3``)
+    holds no array with a trailing ``3×3`` or ``3`` state block (before, such blocks were
+    written at every step, and read back through strided slices and shifted copies:
+    2× the program's time at the demo's size)."""
+    import re
+
+    from etrace_fit.algorithms.sequence import _prepare
+
+    case = Case(_model("alif"), (T, B, I), (T, B, O), 32)
+    with case.env():
+        xs, ys = jnp.asarray(case.xs, jnp.float32), jnp.asarray(case.ys, jnp.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph, plan, _, program = _prepare(case.model, xs, ys, mse, "d_rtrl", None, None, None)
+        assert plan.pairs[0].num_states == 3
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        hlo = jax.jit(lambda w, s, x, y: program.run(w, s, x, y)).lower(
+            weights, module.state_leaves(), [xs], ys).compile().as_text()
+    blocks = re.findall(rf"f32\[[0-9,]*,{N},3(?:,3)?\]", hlo)
+    assert not blocks, f"state blocks in the compiled program: {sorted(set(blocks))}"
+
+
+def test_the_readout_decay_is_read_in_one_compiled_program_also_under_jit():
+    """Finding the readout memory evaluates the readout's Jacobian once, compiled (op by
+    op it compiled ~100 tiny programs: 1.3 s of the demo's start), and finds the same
+    memory when the plan is made inside a caller's ``jax.jit``."""
+    import logging
+
+    from etrace_fit.algorithms.readout import readout_memory
+
+    case = Case(_model("alif"), (T, B, I), (T, B, O), 32)
+    with case.env():
+        graph = ef.compile_graph(case.model, jnp.asarray(case.xs[0], jnp.float32))
+        compiles = []
+        handler = logging.Handler()
+        handler.emit = lambda record: compiles.append(record.getMessage())
+        logger = logging.getLogger("jax")
+        logger.addHandler(handler)
+        try:
+            with jax.log_compiles(True):
+                found = readout_memory(graph)
+        finally:
+            logger.removeHandler(handler)
+        assert found is not None
+        assert len([m for m in compiles if m.startswith("Finished XLA compilation")]) <= 2, compiles
+        under_jit = {}
+
+        @jax.jit
+        def planned(x):
+            under_jit["memory"] = readout_memory(graph)
+            return x
+
+        planned(1.0)
+        assert under_jit["memory"] == found
