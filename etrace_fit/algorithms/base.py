@@ -94,7 +94,8 @@ class Rule(Protocol):
     ``advance_step(traces, signals)``: the same for one step (unstacked signals), for a
     rule whose advance is cheap elementwise work — the engine then runs it inside its
     step loop on steps it knows have no loss, instead of a loop of its own per chunk
-    (ES-D-RTRL; D-RTRL reads its whole trace per step and keeps ``advance``); and
+    (ES-D-RTRL; D-RTRL reads its whole trace per step, so only a small trace's rule
+    has it — ``None`` means the rule has none); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program).
     """

@@ -611,7 +611,7 @@ def build_online(
         pair_acc = list(pair_acc)  # a copy: both branches of run_chunk's cond read the carry
         # Steps known to have no loss: the rules with a cheap per-step advance advance in
         # the step loop itself (one loop, no stacked signals); the others once after it.
-        stepwise = {n for n, rule in enumerate(rules) if pullback is False and hasattr(rule, "advance_step")}
+        stepwise = {n for n, rule in enumerate(rules) if pullback is False and getattr(rule, "advance_step", None) is not None}
 
         def step(carry, inputs_t):
             others, weight_acc, inner = carry

@@ -196,15 +196,21 @@ def weighted_case():
     return case, references
 
 
-@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl", "without_advance"])
-def test_inactive_steps_skip_only_zero_loss_steps(weighted_case, algo):
+@pytest.mark.parametrize("algo", ["d_rtrl", "d_rtrl_per_chunk", "esd_rtrl", "without_advance"])
+def test_inactive_steps_skip_only_zero_loss_steps(weighted_case, algo, monkeypatch):
     """``active`` marks steps whose loss weight is zero: skipping their pull-back gives
     the gradient of the weighted loss exactly, with the loss at the last step only (as
     a flag array and as the static ``"last"``, whose chunks without loss only advance
     the traces, also for ``run_with_updates``) and with a mask. Exactly BPTT's under
     D-RTRL (ALIF is elementwise), and the same as without flags under every rule. The
-    programs are compiled once per rule and called with each loss placement."""
+    programs are compiled once per rule and called with each loss placement.
+    ``d_rtrl`` advances these small traces inside the step loop on steps without loss
+    (``DRTRL.for_pair``), ``d_rtrl_per_chunk`` once per chunk (as a large trace)."""
     case, references = weighted_case
+    if algo == "d_rtrl_per_chunk":
+        from etrace_fit.algorithms import d_rtrl
+        monkeypatch.setattr(d_rtrl, "STEPWISE_NUMBERS", 0)
+        algo = "d_rtrl"
     sgd = optax.sgd(0.1)
     with case.env(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)

@@ -86,9 +86,15 @@ def test_d_rtrl_is_exact_through_a_leaky_readout(case, placement):
     assert float(np.abs(hidden).max()) > 1e-3
 
 
-def test_the_last_step_program_skips_and_stays_exact():
+@pytest.mark.parametrize("advance", ["in_the_step_loop", "per_chunk"])
+def test_the_last_step_program_skips_and_stays_exact(advance, monkeypatch):
     """``active="last"`` (the Trainer's ``loss_on="last"``: chunks without loss only
-    advance the traces, the extra state included) equals BPTT, chunk 7 over T = 45."""
+    advance the traces, the extra state included) equals BPTT, chunk 7 over T = 45;
+    with these small traces advanced in the step loop (``DRTRL.for_pair``) and, as a
+    large trace is, once per chunk."""
+    if advance == "per_chunk":
+        from etrace_fit.algorithms import d_rtrl
+        monkeypatch.setattr(d_rtrl, "STEPWISE_NUMBERS", 0)
     case = Case(_model("alif"), (T, B, I), (T, B, O), 64)
     flags = PLACEMENTS["last"]
     ref_grads, _ = _reference(case, flags)
@@ -323,3 +329,38 @@ def test_the_readout_decay_is_read_in_one_compiled_program_also_under_jit():
 
         planned(1.0)
         assert under_jit["memory"] == found
+
+
+def test_a_small_d_rtrl_trace_advances_in_the_step_loop_and_a_large_one_per_chunk():
+    """``DRTRL.for_pair`` gives a trace of at most ``STEPWISE_NUMBERS`` numbers per
+    sample (the readout's) an ``advance_step`` the engine runs inside its step loop on
+    steps without loss; a larger one (the memory pair's, when made large) has none.
+    ``advance_step`` equals a chunk of one step (float64); the last-step programs that
+    use it equal BPTT (``test_readout_memory_equals_bptt``)."""
+    from etrace_fit.algorithms import d_rtrl
+    from etrace_fit.algorithms.base import PairSignals
+
+    case = Case(_model("alif"), (T, B, I), (T, B, O), 64)
+    with case.env():
+        _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+        memory_pair, readout_pair = plan.pairs
+        small, large = d_rtrl.DRTRL().for_pair(readout_pair), d_rtrl.DRTRL().for_pair(memory_pair)
+        assert small.advance_step is not None and small.for_sharding().advance_step is not None
+        numbers = memory_pair.patch * memory_pair.outputs * memory_pair.num_states
+        assert numbers <= d_rtrl.STEPWISE_NUMBERS and large.advance_step is not None
+        original = d_rtrl.STEPWISE_NUMBERS
+        d_rtrl.STEPWISE_NUMBERS = numbers - 1
+        try:
+            assert d_rtrl.DRTRL().for_pair(memory_pair).advance_step is None
+        finally:
+            d_rtrl.STEPWISE_NUMBERS = original
+        rng = np.random.default_rng(4)
+        S, K = memory_pair.num_states, memory_pair.patch
+        D = rng.normal(size=(B, 1, N, S, S))
+        D[..., :S - 1, S - 1] = 0.0
+        step = PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(B, 1, K)), D,
+                                                       rng.normal(size=(B, 1, N, S)))), None)
+        traces = jnp.asarray(rng.normal(size=(B, 1, S, K, N)))
+        stacked = jax.tree.map(lambda a: a[None], step)
+        np.testing.assert_allclose(np.asarray(large.advance_step(traces, large.stack_form(step))),
+                                   np.asarray(large.advance(traces, stacked, 0)), rtol=1e-12, atol=1e-12)
