@@ -90,7 +90,8 @@ class Plan:
     def rule_of(self, weight_path: Any) -> tuple[str, ...]:
         """The rule names used for ``weight_path`` (a tuple or ``"layers.0.weight"``)."""
         return tuple(rule.name for pair, rule in zip(self.pairs, self.rules)
-                     if weight_path in (pair.relation.weight_path, format_path(pair.relation.weight_path)))
+                     if weight_path in pair.relation.weight_paths
+                     or weight_path in map(format_path, pair.relation.weight_paths))
 
     def approximations(self) -> dict[str, tuple[str, ...]]:
         """``{weight path: reasons}`` for every weight whose online gradient under this
@@ -126,7 +127,8 @@ class Plan:
         rows = [("weight", "primitive", "hidden group", "rule", "trace memory", "gradient")]
         for pair, rule, size in zip(self.pairs, self.rules, self.trace_bytes()):
             name = format_path(pair.relation.weight_path)
-            rows.append((name, pair.relation.primitive, pair.group.name, rule.name, format_bytes(size),
+            shown = " + ".join(map(format_path, pair.relation.weight_paths))  # a weight made of several (LoRA)
+            rows.append((shown, pair.relation.primitive, pair.group.name, rule.name, format_bytes(size),
                          "approximate" if name in approximate else "exact"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

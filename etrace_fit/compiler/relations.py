@@ -143,6 +143,38 @@ class _Backtracer:
             chain.append(eqn.primitive.name)
             var = sources[0]
 
+    def trace_all(self, var: Any) -> tuple[list[tuple[tuple, str, tuple[str, ...]]], str | None]:
+        """``([(path, leaf, chain), ...], problem)``: the one ``ParamState`` leaf ``var``
+        comes from (:meth:`trace`), or, for an operand computed from several (a LoRA
+        weight ``W + A @ B``), every leaf it is computed from, when it depends on
+        nothing else (no input, no state but parameters, no ETP output); ``chain`` is
+        then the primitives that combine them, in equation order. Empty and the
+        problem otherwise."""
+        path, leaf, chain, problem = self.trace(var)
+        if path is not None:
+            return [(path, leaf, chain)], None
+        if not problem.startswith("it is computed by"):
+            return [], problem
+        leaves, seen, primitives, stack = [], set(), {}, [var]
+        while stack:
+            current = stack.pop()
+            if isinstance(current, _compat.Literal) or current not in self.dynamic or current in seen:
+                continue
+            seen.add(current)
+            if current in self.leaf_of:
+                leaves.append(self.leaf_of[current])
+                continue
+            eqn = self.producer.get(current)
+            if eqn is None or is_etp(eqn):
+                return [], problem
+            primitives[id(eqn)] = eqn
+            stack.extend(eqn.invars)
+        order = {id(eqn): n for n, eqn in enumerate(self.producer.values())}
+        combined = tuple(dict.fromkeys(eqn.primitive.name for eqn in
+                                       sorted(primitives.values(), key=lambda e: order[id(e)])))
+        position = {leaf: n for n, leaf in enumerate(self.leaf_of.values())}
+        return [(p, l, combined) for p, l in sorted(set(leaves), key=position.__getitem__)], None
+
 
 def _reach(module: ModuleInfo, start: int, y: Any) -> dict[Any, int]:
     """Forward from ``y``: for each variable, bit 1 if reached without crossing another
@@ -202,14 +234,15 @@ def relations(
         operands, problems = [], []
         weight_fn = eqn.params.get("weight_fn")
         for key, var in trainables.items():
-            path, leaf, chain, problem = backtracer.trace(var)
-            if path is None:
+            sources, problem = backtracer.trace_all(var)
+            if not sources:
                 problems.append(f"its {key} operand has no ParamState: {problem}")
                 continue
-            if key == "weight" and weight_fn is not None:
-                chain = (*chain, f"weight_fn:{type(weight_fn).__name__}")
-            operands.append(OperandSource(key, path, leaf, chain))
-            consumed_leaves.add((path, leaf))
+            for path, leaf, chain in sources:  # several for an operand computed from several parameters
+                if key == "weight" and weight_fn is not None:
+                    chain = (*chain, f"weight_fn:{type(weight_fn).__name__}")
+                operands.append(OperandSource(key, path, leaf, chain))
+                consumed_leaves.add((path, leaf))
         name = eqn.primitive.name
         if not operands:
             diagnostics.append(Diagnostic(

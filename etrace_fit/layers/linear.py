@@ -16,7 +16,7 @@ from .. import ops
 from ..errors import ConfigError, ShapeError
 from .base import check_last_axis, describe, make_param
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear", "LoRALinear"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
 
@@ -98,6 +98,104 @@ class Linear(brainstate.nn.Module):
         check_last_axis(self, x, self.in_features)
         params = self.weight.value
         return ops.matmul(x, params["weight"], params.get("bias"), weight_fn=self.weight_fn)
+
+
+class LoRALinear(brainstate.nn.Module):
+    """Dense layer with a low-rank adapter (LoRA, Hu et al. 2021; Keras' ``lora_rank``):
+    ``y = x @ (W + (alpha / rank) · A @ B) + b``.
+
+    Shapes: ``x: (..., in_size)`` → ``y: (..., out_size)``; the base ``W: (in_size,
+    out_size)`` and ``b: (out_size,)`` in ``self.weight`` as ``{"weight": W, "bias": b}``
+    (as :class:`Linear`'s); the adapter ``A: (in_size, rank)`` in ``self.lora_a``
+    (Kaiming-uniform, as Keras) and ``B: (rank, out_size)`` in ``self.lora_b`` (zeros:
+    the layer starts as its base).
+
+    The effective weight is one dense ETP op's weight computed from three parameters: the
+    compiler traces it as one relation and every rule trains ``A`` and ``B`` through it
+    (their gradients are the effective weight's, mapped back: ``∂A = s ∂W_eff Bᵀ``,
+    ``∂B = s Aᵀ ∂W_eff``), exactly where the rule is exact for a ``Linear`` in the same
+    place. Its traces have the effective weight's size (``in_size × out_size``): what the
+    adapter saves is trainable parameters and optimizer state, not trace memory.
+
+    Args:
+        in_size, out_size: feature sizes.
+        rank: the adapter's rank ``r``.
+        alpha: the scale numerator (default ``rank``: scale 1, as Keras' ``lora_alpha``).
+        train_base: also train ``W`` (default False: ``W`` enters through
+            ``stop_gradient``, its gradient is zero; ``b`` is trained, as in Keras. Mask
+            ``W`` out of an optimizer with weight decay, e.g. ``optax.masked``).
+        w_init, b_init: the base's initializers (``brainstate.nn.init``) or arrays.
+        with_bias: whether to learn ``b``.
+
+    Example::
+
+        base = Linear(40, 100)
+        layer = LoRALinear.from_linear(base, rank=4)   # y equals base(x) until B moves
+        layer.lora_a.value.shape, layer.lora_b.value.shape   # (40, 4), (4, 100)
+    """
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int,
+        rank: int,
+        *,
+        alpha: float | None = None,
+        train_base: bool = False,
+        w_init: Any = None,
+        b_init: Any = None,
+        with_bias: bool = True,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        self.in_features = _positive_int("LoRALinear", "in_size", in_size)
+        self.out_features = _positive_int("LoRALinear", "out_size", out_size)
+        self.rank = _positive_int("LoRALinear", "rank", rank)
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0):
+            raise ConfigError(f"LoRALinear: alpha must be a positive number, got {alpha!r}")
+        self.alpha = float(rank if alpha is None else alpha)
+        self.train_base = bool(train_base)
+        self._summary = f"{in_size}, {out_size}, rank={rank}"
+        self.in_size = (in_size,)
+        self.out_size = (out_size,)
+        w_init = brainstate.nn.init.KaimingNormal(scale=1.0) if w_init is None else w_init
+        params = {"weight": make_param(w_init, (in_size, out_size), "w_init", self)}
+        if with_bias:
+            b_init = brainstate.nn.init.ZeroInit() if b_init is None else b_init
+            params["bias"] = make_param(b_init, (out_size,), "b_init", self)
+        self.weight = brainstate.ParamState(params)
+        self.lora_a = brainstate.ParamState(make_param(brainstate.nn.init.KaimingUniform(), (in_size, rank),
+                                                       "lora_a", self))
+        self.lora_b = brainstate.ParamState(make_param(brainstate.nn.init.ZeroInit(), (rank, out_size), "lora_b", self))
+
+    @classmethod
+    def from_linear(cls, linear: Linear, rank: int, **kwargs: Any) -> "LoRALinear":
+        """An adapter on ``linear``'s weight and bias (copied; ``linear`` is unchanged).
+        A ``linear`` with a mask or a weight function is refused: the adapter would
+        bypass it."""
+        if not isinstance(linear, Linear):
+            raise ConfigError(f"LoRALinear.from_linear takes a Linear, got {type(linear).__name__}")
+        if linear.weight_fn is not None:
+            raise ConfigError(f"LoRALinear.from_linear: {describe(linear)} has a mask or weight_fn, which the "
+                              "adapter's A @ B would bypass")
+        params = linear.weight.value
+        layer = cls(linear.in_features, linear.out_features, rank, w_init=params["weight"],
+                    b_init=params.get("bias"), with_bias="bias" in params, **kwargs)
+        return layer
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def effective_weight(self) -> jax.Array:
+        """``W + (alpha / rank) · A @ B`` (``W`` through ``stop_gradient`` unless ``train_base``)."""
+        base = self.weight.value["weight"]
+        base = base if self.train_base else jax.lax.stop_gradient(base)
+        return base + self.scale * (self.lora_a.value @ self.lora_b.value)
+
+    def update(self, x: Any) -> Any:
+        check_last_axis(self, x, self.in_features)
+        return ops.matmul(x, self.effective_weight(), self.weight.value.get("bias"))
 
 
 class _ConvNd(brainstate.nn.Module):
