@@ -41,7 +41,7 @@ _CHUNK_BUFFER_BYTES = 64 * 1024**2
 
 
 class Collected(NamedTuple):
-    """What a run also returns with ``collect=True``: the model's ``outputs`` at every
+    """What a run also returns with ``collect``: the model's ``outputs`` at every
     step (its output pytree, each leaf with a leading time axis) and each traced pair's
     final ``trace_norms`` per sample (``(B,)`` in ``pairs`` order; none for BPTT)."""
 
@@ -66,8 +66,13 @@ class OnlineProgram:
     ``module.weights`` leaf order, ``state_leaves`` all states' leaves (the weights'
     among them are ignored), ``xs`` time-major; ``active`` an optional ``(T,)`` bool:
     ``False`` where the step's loss is known to be zero (its pull-back is skipped), or
-    ``"last"``: only the last step has a loss (skipped without a per-step branch).
-    ``traces``: a :class:`TraceState` to start from (``init_traces(batch)`` or one a
+    ``"last"``: only the last step has a loss (skipped without a per-step branch). A
+    step marked so has its loss taken as zero, not evaluated (XLA then drops what only
+    the loss reads: a stateless readout when no outputs are collected).
+    ``collect``: ``True`` for the outputs of every step; ``"final"`` for those of the
+    last chunk only (with ``active="last"``: the other steps do not evaluate what only
+    the outputs read; otherwise it is ``True``) — ``Collected.outputs`` then has a
+    leading axis of at most ``T`` ending at the last step. ``traces``: a :class:`TraceState` to start from (``init_traces(batch)`` or one a
     previous call returned) instead of zero traces at ``t = 0``; the call then returns
     the final :class:`TraceState` as its last element (streaming: a long sequence in
     consecutive calls). ``pairs`` names what the trace norms belong to;
@@ -206,7 +211,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         return prepared
 
     def forward(weights, hidden_prev, y_perturbations, others, input_leaves, target, x_perturbation=None,
-                prepared=None):
+                prepared=None, with_loss=True):
         """One step as a function of the weights, the previous hidden values and a
         perturbation of each fused relation's output (and, for e-prop, of the
         readout's input)."""
@@ -251,7 +256,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         outs = _compat.interpret(jaxpr, consts, [*input_leaves, *leaves], override=override, on_write=on_write)
         outputs = jax.tree.unflatten(module.output_treedef, outs[:num_outputs])
-        loss = scalar_loss(step_loss, outputs, target)
+        if with_loss:
+            loss = scalar_loss(step_loss, outputs, target)
+        else:  # known to be zero (active): not evaluated
+            shape = jax.eval_shape(lambda o: scalar_loss(step_loss, o, target), outputs)
+            loss = jnp.zeros(shape.shape, shape.dtype)
         new_others = [outs[num_outputs + p] for p in other_positions]
         return loss, (new_others, [captured[var] for var in capture], outputs)
 
@@ -356,7 +365,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             return loss, aux, (list(weight_grads), list(hidden_signals), list(output_grads), x_signal)
 
         def without_pullback():
-            loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target, prepared=prepared)
+            # The step's loss is zero by the caller's word (``active``): not evaluated,
+            # so XLA drops what only the loss reads (a stateless readout, when the
+            # outputs are not collected).
+            loss, aux = forward(weights, hidden_prev, y_zeros, others, input_leaves, target, prepared=prepared,
+                                with_loss=False)
             zeros = ([jnp.zeros_like(w) for w in weights], [jnp.zeros_like(h) for h in hidden_prev],
                      [jnp.zeros_like(y) for y in y_zeros], None if x_zero is None else jnp.zeros_like(x_zero))
             return loss, aux, zeros
@@ -701,12 +714,15 @@ def build_online(
             # "last": every chunk but the final one without pull-back and without a
             # per-step branch; the final chunk reads the flags (two chunk bodies to compile).
             final = length % size or size
-            carry, head = run_steps(weights, carry, inputs, size, collect, pullback=False, length=length - final,
-                                    prepared=prepared)
+            carry, head = run_steps(weights, carry, inputs, size, collect is True, pullback=False,
+                                    length=length - final, prepared=prepared)
             # The final chunk has the loss (at its last step): no chunk-level branch,
             # whose other arm would be a third copy of the chunk body to compile.
-            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), collect, None, prepared)
-            out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), head, last)
+            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), bool(collect), None,
+                                      prepared)
+            losses = jnp.concatenate([head[0], last[0]])
+            out = (losses, last[1] if collect == "final" else jax.tree.map(
+                lambda a, b: jnp.concatenate([a, b]), head[1], last[1]))
         else:
             carry, out = run_steps(weights, carry, inputs, size, collect, prepared=prepared)
         (others, traces, weight_acc, pair_acc, t), (losses, outputs) = carry, out

@@ -110,12 +110,17 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     every = update_every
     # With the loss at every step nothing is skipped: no per-step branch at all.
     skips = loss_on != "all" and compiled.plan is not None and not regularized
+    # The loss at the last step only: the steps before the final chunk evaluate neither
+    # the loss nor the outputs (a stateless readout drops out of them).
+    last_only = skips and loss_on == "last" and update_every is None
 
     def collected_logs(losses, collected, ys, metric_weight):
         norms = {}
         for name, norm in zip(pair_names, collected.trace_norms):
             norms[name] = jnp.hypot(norms[name], norm) if name in norms else norm
         outputs = collected.outputs[0] if regularized else collected.outputs
+        if last_only:  # the program collected the final chunk's outputs: the metrics read the last step
+            outputs, ys, metric_weight = jax.tree.map(lambda a: a[-1:], (outputs, ys, metric_weight))
         return losses.sum(), placed_metrics(metric_fns, outputs, ys, metric_weight), norms
 
     def initial(state, weights, fresh, start, batch):
@@ -138,7 +143,8 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
             options["active"] = "last" if loss_on == "last" else jnp.any(weight != 0, axis=1)
         if every is None:
             grad_leaves, losses, final, collected, *stream = program.run(
-                weights, state_leaves, xs_leaves, targets, collect=True, traces=traces, **options)
+                weights, state_leaves, xs_leaves, targets, collect="final" if last_only else True, traces=traces,
+                **options)
             read = {format_path(path): g for path, g in compiled.per_state(grad_leaves).items()}
             grads = {name: read[name] if name in read else jax.tree.map(jnp.zeros_like, value)
                      for name, value in values.items()}

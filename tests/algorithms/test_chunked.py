@@ -282,3 +282,38 @@ def test_the_online_programs_temp_memory_is_flat_in_the_sequence_length(algo, pl
             compiled = run.lower(weights, graph.module.state_leaves(), [xs], targets).compile()
             temps[steps] = compiled.memory_analysis().temp_size_in_bytes
     assert temps[1000] <= 1.05 * temps[100] + 16 * 1024, temps
+
+
+def test_steps_marked_without_loss_do_not_evaluate_it_and_final_collects_the_last_chunk(weighted_case):
+    """With ``active="last"`` the steps without loss take it as zero without evaluating
+    it (counted by a callback in the loss: only the last step calls it) and ``collect="final"`` returns the final chunk's outputs, equal to
+    the tail of ``collect=True``'s; gradients and losses are unchanged."""
+    case, _ = weighted_case
+    calls = []
+
+    def counted(out, target):
+        jax.debug.callback(lambda: calls.append(1))
+        return _weighted(out, target)
+
+    flags = np.arange(T) == T - 1
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, counted, algo="d_rtrl")
+        program = build_online(graph, plan.pairs, plan.rules, counted, trace_dtype=plan.trace_dtype, chunk=7)
+        weights = [leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)]
+        args = (weights, graph.module.state_leaves(), [case.xs], targets)
+        full = jax.jit(lambda *a: program.run(*a, collect=True))(*args)
+        jax.effects_barrier()
+        assert len(calls) == T  # without flags, every step's loss
+        calls.clear()
+        final = jax.jit(lambda *a: program.run(*a, collect="final", active="last"))(*args)
+        jax.effects_barrier()
+    assert len(calls) == 1  # the last step only (the final chunk's others skip it in their branch)
+    np.testing.assert_allclose(np.asarray(final[1]), np.asarray(full[1]), rtol=1e-12, atol=1e-14)
+    for a, b in zip(final[0], full[0]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-14)
+    tail = jax.tree.leaves(final[3].outputs)[0]
+    assert tail.shape[0] == T % 7
+    np.testing.assert_allclose(np.asarray(tail), np.asarray(jax.tree.leaves(full[3].outputs)[0][-tail.shape[0]:]),
+                               rtol=1e-12)
