@@ -1,13 +1,15 @@
 """``Trainer.fit`` per batch against the bare jitted training step it calls, interleaved.
 
-    python benchmarks/trainer_overhead.py [--length 60] [--algo d_rtrl] [--batches 20] [--rounds 5]
+    python benchmarks/trainer_overhead.py [--length 60] [--algo d_rtrl] [--batches 20] [--epochs 1] [--rounds 5]
 
 The model is ``GRUCell(64, 128) → Linear(128, 10)``, batch 16, classification at the
 last step (the Trainer's defaults), whose step takes about 10 ms here at T = 60. After
 one warm-up epoch, each round times (a) the Trainer's own jitted step called
 ``--batches`` times on one batch, blocking once at the end — the device time with no
-host work in between — and (b) one ``fit`` epoch over ``--batches`` batches
-(``verbose=0``: batching, the per-batch host path, callbacks and the epoch's logs).
+host work in between — and (b) one ``fit`` call of ``--epochs`` epochs over ``--batches``
+batches each (``verbose=0``: batching, the per-batch host path, callbacks, the epochs'
+logs and the per-call work: ``fit`` re-traces the model once to see whether a layer
+attribute changed, ~20 ms here).
 Rounds alternate (a) and (b); the table gives medians per batch of wall and CPU time
 and the ratio fit / bare.
 """
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=60)
     parser.add_argument("--algo", default="d_rtrl")
     parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per fit call (its per-call work spread wider)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
@@ -57,24 +60,26 @@ def main() -> None:
         reset.placeholders[reset.positions.index(n)] if n in reset.positions else leaf
         for n, leaf in enumerate(trainer._state.states)])
 
+    steps = args.batches * args.epochs
+
     def bare():
         state = start_state
-        for _ in range(args.batches):
+        for _ in range(steps):
             state, result = step(state, [xs], ys, weight, None, start=True)
         jax.block_until_ready((state, result))
 
     def fit():
-        trainer.fit(x, y, batch_size=B, epochs=1, verbose=0)
+        trainer.fit(x, y, batch_size=B, epochs=args.epochs, verbose=0)
 
     times = {"bare": [], "fit": []}
     for _ in range(args.rounds):
         for name, fn in (("bare", bare), ("fit", fit)):
             c0, w0 = time.process_time(), time.perf_counter()
             fn()
-            times[name].append(((time.process_time() - c0) / args.batches, (time.perf_counter() - w0) / args.batches))
+            times[name].append(((time.process_time() - c0) / steps, (time.perf_counter() - w0) / steps))
     med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for k, v in times.items()}
-    print(f"GRU({I}→{H}) + Linear({O}), B={B}, T={args.length}, algo {args.algo}, {args.batches} batches, "
-          f"{args.rounds} rounds interleaved")
+    print(f"GRU({I}→{H}) + Linear({O}), B={B}, T={args.length}, algo {args.algo}, {args.batches} batches × "
+          f"{args.epochs} epoch(s) per fit, {args.rounds} rounds interleaved")
     print("| | cpu ms / batch | wall ms / batch |\n|---|---|---|")
     for name in ("bare", "fit"):
         print(f"| {name} | {med[name][0] * 1e3:.2f} | {med[name][1] * 1e3:.2f} |")
