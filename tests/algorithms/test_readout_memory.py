@@ -20,7 +20,8 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
-from etrace_fit.algorithms.base import traced_pairs
+from etrace_fit.algorithms.base import PairSignals, joined_states, split_states, traced_pairs
+from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.online import build_online
 
 from ._helpers import (Case, assert_grads_match, assert_losses_match, leaves_by_name, lin, mse, rand,
@@ -51,6 +52,15 @@ def _model(neuron):
 def _weighted(out, target):
     y, w = target
     return w * mse(out, y)
+
+
+def _random_signals(rng, C, P, S, K):
+    """Canonical signals of a chunk for an ``S``-state pair whose last state is a
+    readout memory (``D[..., s, S-1] = 0`` for ``s < S-1``)."""
+    D = rng.normal(size=(C, B, P, N, S, S)) * 0.5
+    D[..., :S - 1, S - 1] = 0.0
+    return PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(C, B, P, K)), D, rng.normal(size=(C, B, P, N, S)),
+                                                   rng.normal(size=(C, B, P, N, S)), rng.normal(size=(C, B, P, N)))))
 
 
 PLACEMENTS = {"every": np.ones(T, bool), "last": np.arange(T) == T - 1,
@@ -200,9 +210,6 @@ def test_d_rtrl_skips_the_readout_memorys_zero_column_without_changing_a_number(
     so ``DRTRL.for_pair`` leaves those products out of its chunk; the chunk's gradient
     and trace equal the dense rule's on the same signals (float64), with and without
     learning signal, also in the sharded form."""
-    from etrace_fit.algorithms.base import PairSignals
-    from etrace_fit.algorithms.d_rtrl import DRTRL
-
     case = Case(_model("alif"), (T, B, I), (T, B, O), 64)
     with case.env():
         graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo="d_rtrl")
@@ -212,12 +219,7 @@ def test_d_rtrl_skips_the_readout_memorys_zero_column_without_changing_a_number(
         assert structured.zeros == {(0, 2), (1, 2)}  # ALIF's V and a do not read ē
         rng = np.random.default_rng(0)
         C, S, K = 6, memory_pair.num_states, memory_pair.patch
-        D = rng.normal(size=(C, B, 1, N, S, S)) * 0.5
-        D[..., :S - 1, S - 1] = 0.0
-        signals = PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(C, B, 1, K)), D,
-                                                          rng.normal(size=(C, B, 1, N, S)),
-                                                          rng.normal(size=(C, B, 1, N, S)),
-                                                          rng.normal(size=(C, B, 1, N)))))
+        signals = _random_signals(rng, C, 1, S, K)
         traces = jnp.asarray(rng.normal(size=(B, 1, S, K, N)))
         for dense, sparse in ((DRTRL(), structured), (DRTRL(sharded=True), structured.for_sharding())):
             for a, b in zip(dense.chunk(traces, signals, 0), sparse.chunk(traces, signals, 0)):
@@ -232,23 +234,16 @@ def test_d_rtrl_reads_canonical_split_and_stacked_signals_alike():
     (``split_states``, what the step program makes) or in its own ``stack_form`` (what
     the engine stacks): the same gradient and trace (float64); ``joined_states`` undoes
     ``split_states``."""
-    from etrace_fit.algorithms.base import PairSignals, joined_states, split_states
-    from etrace_fit.algorithms.d_rtrl import DRTRL
-
     with brainstate.environ.context(precision=64):
-        _check_the_forms_alike(PairSignals, joined_states, split_states, DRTRL)
+        rng = np.random.default_rng(3)
+        C, S, K = 5, 3, 4
+        rule = DRTRL(zeros=frozenset({(0, 2), (1, 2)}))
+        canonical = _random_signals(rng, C, 2, S, K)
+        _check_the_forms_alike(rule, canonical, rng)
 
 
-def _check_the_forms_alike(PairSignals, joined_states, split_states, DRTRL):
-    rng = np.random.default_rng(3)
-    C, S, K = 5, 3, 4
-    rule = DRTRL(zeros=frozenset({(0, 2), (1, 2)}))
-    D = rng.normal(size=(C, B, 2, N, S, S)) * 0.5
-    D[..., :S - 1, S - 1] = 0.0
-    canonical = PairSignals(*(jnp.asarray(a) for a in (rng.normal(size=(C, B, 2, K)), D,
-                                                       rng.normal(size=(C, B, 2, N, S)),
-                                                       rng.normal(size=(C, B, 2, N, S)),
-                                                       rng.normal(size=(C, B, 2, N)))))
+def _check_the_forms_alike(rule, canonical, rng):
+    C, S, K = canonical.X.shape[0], canonical.Df.shape[-1], canonical.X.shape[-1]
     split = split_states(canonical)
     assert isinstance(split.D, tuple) and split.D[1][2].shape == (C, B, 2, N)
     for name, field in zip(PairSignals._fields, joined_states(split)):
@@ -336,9 +331,8 @@ def test_a_small_d_rtrl_trace_advances_in_the_step_loop_and_a_large_one_per_chun
     sample (the readout's) an ``advance_step`` the engine runs inside its step loop on
     steps without loss; a larger one (the memory pair's, when made large) has none.
     ``advance_step`` equals a chunk of one step (float64); the last-step programs that
-    use it equal BPTT (``test_readout_memory_equals_bptt``)."""
+    use it equal BPTT (``test_the_last_step_program_skips_and_stays_exact``)."""
     from etrace_fit.algorithms import d_rtrl
-    from etrace_fit.algorithms.base import PairSignals
 
     case = Case(_model("alif"), (T, B, I), (T, B, O), 64)
     with case.env():
