@@ -28,21 +28,6 @@ __all__ = ["DRTRL", "STEPWISE_NUMBERS", "advance_trace"]
 STEPWISE_NUMBERS = 4096
 
 
-def _apply(M: jax.Array, v: jax.Array) -> jax.Array:
-    """``M v`` per unit: ``M (..., S, S)``, ``v (..., S)``."""
-    return sum(M[..., :, r] * v[..., None, r] for r in range(v.shape[-1]))
-
-
-def _transpose_apply(M: jax.Array, v: jax.Array) -> jax.Array:
-    """``Mᵀ v`` per unit."""
-    return sum(M[..., r, :] * v[..., r, None] for r in range(v.shape[-1]))
-
-
-def _matmul(A: jax.Array, M: jax.Array) -> jax.Array:
-    """``A M`` per unit (written out over the few states: it fuses)."""
-    return sum(A[..., :, r, None] * M[..., None, r, :] for r in range(M.shape[-1]))
-
-
 def _total(terms) -> Any:
     """The sum of the terms that are not ``None`` (structural zeros), ``None`` if none are."""
     terms = [term for term in terms if term is not None]

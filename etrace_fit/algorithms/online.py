@@ -72,8 +72,9 @@ class OnlineProgram:
     ``collect``: ``True`` for the outputs of every step; ``"final"`` for those of the
     last chunk only (with ``active="last"``: the other steps do not evaluate what only
     the outputs read; otherwise it is ``True``) — ``Collected.outputs`` then has a
-    leading axis of at most ``T`` ending at the last step. ``traces``: a :class:`TraceState` to start from (``init_traces(batch)`` or one a
-    previous call returned) instead of zero traces at ``t = 0``; the call then returns
+    leading axis of at most ``T`` ending at the last step. ``traces``: a
+    :class:`TraceState` to start from (``init_traces(batch)`` or one a previous call
+    returned) instead of zero traces at ``t = 0``; the call then returns
     the final :class:`TraceState` as its last element (streaming: a long sequence in
     consecutive calls). ``pairs`` names what the trace norms belong to;
     ``chunk_for(T)`` is the steps per chunk of a sequence of length ``T``.
