@@ -224,8 +224,10 @@ class ALIF(_SpikingBase):
             refractory: as in :class:`LIF` (a refractory neuron's suppressed spike does
             not adapt its threshold either).
         tau_a: adaptation time constant; learn_tau_a: learn it per neuron.
-        beta: adaptation strength ``β`` (e-prop's LSNN: ``β = 1.8`` with
-            ``v_threshold = 0.01`` and ``τ_a`` of the task's memory span).
+        beta: adaptation strength ``β``, for ``a^t = ρ a^{t−1} + z^{t−1}`` (each spike adds 1
+            to ``a``): e-prop 2020's LSNN uses ``β = 1.7 (1 − ρ)/(1 − α)`` (≈ 0.017 for
+            ``τ_a = 2000``, ``τ = 20``) with ``v_threshold = 0.6``; the LSNN paper's
+            ``β = 1.8`` is for ``a^t = ρ a^{t−1} + (1 − ρ) z^{t−1}``, i.e. ``1.8 (1 − ρ)`` here.
 
     Example::
 
@@ -267,14 +269,22 @@ class ALIF(_SpikingBase):
 class _Recurrent:
     """Input and recurrent weights in one :class:`Linear` on ``[x^t, z^{t−1}]``."""
 
-    def _make_weights(self, in_size, w_init, b_init, with_bias):
+    def _make_weights(self, in_size, w_init, b_init, with_bias, self_connections=True):
         if not isinstance(self.size, int):
             raise ConfigError(f"{type(self).__name__}: size must be an int (recurrent weights connect units), "
                               f"got {self.size!r}")
+        if not isinstance(self_connections, bool):
+            raise ConfigError(f"{type(self).__name__}: self_connections must be True or False, "
+                              f"got {self_connections!r}")
         self.in_features = in_size
         self.in_size = (in_size,)
-        self._summary = f"{in_size}, {self.size}"
-        self.W = Linear(in_size + self.size, self.size, w_init=w_init, b_init=b_init, with_bias=with_bias)
+        self.self_connections = self_connections
+        self._summary = f"{in_size}, {self.size}" + ("" if self_connections else ", self_connections=False")
+        # Without self-connections (e-prop's networks: no autapse) the recurrent rows'
+        # diagonal is cut by a fixed mask, so it stays zero under every rule.
+        mask = None if self_connections else jnp.concatenate(
+            [jnp.ones((in_size, self.size)), 1.0 - jnp.eye(self.size)])
+        self.W = Linear(in_size + self.size, self.size, w_init=w_init, b_init=b_init, with_bias=with_bias, mask=mask)
 
     def update(self, x: Any) -> jax.Array:
         check_trailing_shape(self, x, self.in_size)
@@ -297,6 +307,8 @@ class RecurrentLIF(_Recurrent, LIF):
     Args:
         in_size, size: input features and neurons.
         w_init, b_init, with_bias: of the weight on ``[x, z]`` (as in :class:`Linear`).
+        self_connections: ``False`` cuts each neuron's weight onto itself (the recurrent
+            rows' diagonal, held at zero by a fixed mask; e-prop's networks have none).
         tau, v_threshold, v_reset, reset, surrogate, ...: as in :class:`LIF`.
 
     Example::
@@ -307,9 +319,9 @@ class RecurrentLIF(_Recurrent, LIF):
     """
 
     def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
-                 **lif_options: Any):
+                 self_connections: bool = True, **lif_options: Any):
         super().__init__(size, **lif_options)
-        self._make_weights(in_size, w_init, b_init, with_bias)
+        self._make_weights(in_size, w_init, b_init, with_bias, self_connections)
 
     def _previous_spikes(self) -> jax.Array:
         return _gated(self.surrogate(self.V.value - self.v_threshold), self._open())
@@ -322,7 +334,7 @@ class RecurrentALIF(_Recurrent, ALIF):
     Shapes: ``x: (B, in_size)`` → spikes ``(B, size)``; states ``V, a: (B, size)``.
 
     Args:
-        in_size, size, w_init, b_init, with_bias: as in :class:`RecurrentLIF`.
+        in_size, size, w_init, b_init, with_bias, self_connections: as in :class:`RecurrentLIF`.
         tau, tau_a, beta, ...: as in :class:`ALIF`.
 
     Example::
@@ -333,9 +345,9 @@ class RecurrentALIF(_Recurrent, ALIF):
     """
 
     def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
-                 **alif_options: Any):
+                 self_connections: bool = True, **alif_options: Any):
         super().__init__(size, **alif_options)
-        self._make_weights(in_size, w_init, b_init, with_bias)
+        self._make_weights(in_size, w_init, b_init, with_bias, self_connections)
 
     def _previous_spikes(self) -> jax.Array:
         return _gated(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)), self._open())

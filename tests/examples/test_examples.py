@@ -72,9 +72,42 @@ def test_mnist1d_runs_either_model_into_its_own_folder(model, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_eprop_preset_runs_into_its_own_folder(tmp_path):
+def test_the_eprop_preset_runs_into_its_own_folder(tmp_path, capsys):
     summary = _run("evidence_accumulation", tmp_path, "--samples", "8", "--val-samples", "8", "--batch-size", "8")
     assert summary["history"]["rate_layers.0"][0] > 0  # the rate regulariser logs the layer's rate
+    assert summary["batches_per_epoch"] == 1
+    reached = summary["iterations_to_target"]
+    assert reached == (1 if summary["accuracy"] >= 0.9 else None)
+    assert "validation accuracy >= 0.9 " in capsys.readouterr().out
+
+
+def test_the_eprop_preset_is_the_published_network_and_task():
+    from etrace_fit import tasks
+
+    task = tasks.TASKS["eprop-evidence"]
+    brainstate.environ.set(dt=1.0)
+    brainstate.random.seed(0)
+    layer = task.make_model().layers[0]
+    rho, alpha = np.exp(-1 / 2000), np.exp(-1 / 20)
+    np.testing.assert_allclose(np.asarray(layer.beta), np.r_[np.zeros(50), np.full(50, 1.7 * (1 - rho) / (1 - alpha))],
+                               rtol=1e-6)
+    assert 0.017 < layer.beta[-1] < 0.018 and layer.v_threshold == 0.6 and layer.refractory == 5
+    assert set(layer.W.weight.value) == {"weight"}  # no bias
+    w = np.asarray(layer.W.weight_fn(layer.W.weight.value["weight"]))
+    assert np.all(np.diag(w[40:]) == 0.0) and np.all(w[40:][~np.eye(100, dtype=bool)] != 0.0)  # no autapse
+    np.testing.assert_allclose([w[:40].std(), w[40:][~np.eye(100, dtype=bool)].std()], [40 ** -0.5, 0.1], rtol=0.1)
+    x, y, mask = task.make_data("train", 400, 0, None)
+    assert x.shape == (400, 2250, 40) and mask[:, -150:].all() and not mask[:, :-150].any()
+    assert x[:, :50, :30].max() == 0.0 and x[:, -150:, 20:30].mean() > 0.03  # a silent lead-in; the recall cue
+    np.testing.assert_allclose(x[:, :, 30:].mean(), 0.01, atol=0.002)  # 10 Hz noise
+    assert task.target_accuracy == 0.9
+
+
+@pytest.mark.parametrize("curve, expected", [([0.5, 0.89, 0.9, 0.95], 150), ([0.95], 50), ([0.5, 0.8], None)])
+def test_iterations_to_target_counts_batches_up_to_the_first_validation_that_reaches_it(curve, expected):
+    from etrace_fit.tasks import iterations_to_target
+
+    assert iterations_to_target(curve, 0.9, 50) == expected
 
 
 # ---------------------------------------------------------------- tiny files in the published formats

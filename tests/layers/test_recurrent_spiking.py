@@ -86,8 +86,40 @@ def test_d_rtrl_is_exact_without_recurrent_rows_and_close_with_them(kind):
     assert np.max(np.abs(ref["weight"][I:])) > 0  # the recurrent rows still learn
 
 
+@pytest.mark.parametrize("kind", ["lif", "alif"])
+def test_without_self_connections_the_diagonal_is_cut_and_never_learns(kind):
+    with brainstate.environ.context(precision=64, dt=1.0):
+        w, b = rand(0, I + N, N, scale=0.9), rand(1, N, scale=0.3, shift=0.2)
+        extra = {} if kind == "lif" else dict(beta=0.4, tau_a=20.0)
+        cls = L.RecurrentLIF if kind == "lif" else L.RecurrentALIF
+        layer = cls(I, N, tau=8.0, w_init=w, b_init=b, surrogate="sigmoid", self_connections=False, **extra)
+        brainstate.nn.init_all_states(layer, batch_size=B)
+        xs = jnp.asarray(rand(2, T, B, I, scale=1.0, shift=0.3))
+        spikes = np.asarray(brainstate.transform.for_loop(layer, xs))
+        cut = w.copy()
+        cut[I:][np.diag_indices(N)] = 0.0
+        expected = reference_spikes(cut, b, np.asarray(xs), tau=8.0, **extra)
+        assert 0.05 < expected.mean() < 0.7
+        np.testing.assert_array_equal(spikes, expected)
+        assert not np.array_equal(expected, reference_spikes(w, b, np.asarray(xs), tau=8.0, **extra))
+        assert "self_connections=False" in repr(layer)
+
+        model = ef.Sequential(layer, L.Linear(N, 2, w_init=rand(3, N, 2), b_init=np.zeros(2)))
+        ys = jnp.asarray(rand(4, T, B, 2))
+        path = ("layers", 0, "W", "weight")
+        reference = np.asarray(sequence_grads(model, xs, ys, "reference")[path]["weight"])
+        assert np.all(reference[I:][np.diag_indices(N)] == 0.0) and np.max(np.abs(reference)) > 0
+        for algo in ("d_rtrl", "esd_rtrl", "hybrid"):
+            got = np.asarray(sequence_grads(model, xs, ys, algo)[path]["weight"])
+            assert np.all(got[I:][np.diag_indices(N)] == 0.0), algo
+            cos = np.dot(got.ravel(), reference.ravel()) / np.linalg.norm(got) / np.linalg.norm(reference)
+            assert cos > 0.5, (algo, cos)
+
+
 def test_errors_name_the_layer():
     with brainstate.environ.context(dt=1.0):
+        with pytest.raises(ef.ConfigError, match=r"RecurrentALIF: self_connections must be True or False, got 0"):
+            L.RecurrentALIF(3, 4, self_connections=0)
         with pytest.raises(ef.ConfigError, match=r"RecurrentLIF: size must be an int"):
             L.RecurrentLIF(3, (2, 2))
         layer = L.RecurrentALIF(3, 4)
