@@ -74,3 +74,23 @@ def test_scaling_script_reports_memory_per_device():
     ratio = float(row.split("|")[7])
     assert 0.3 < ratio < 0.7  # two devices: about half the traces each
     assert "Step time is not measured here" in result.stdout
+
+
+@pytest.mark.slow
+def test_accuracy_script_merges_its_runs_and_counts_iterations_to_the_target(tmp_path):
+    import json
+
+    out = tmp_path / "accuracy.json"
+    kept = {"accuracy": 0.5, "best": 0.5, "epoch_seconds": [1.0], "peak_rss_mib": 100.0}
+    out.write_text(json.dumps({"dates": {"copy": "2026-01-01"}, "results": {"copy": {"bptt": [kept]}}}))
+    args = ["benchmarks/accuracy.py", "--tasks", "eprop-evidence", "--algos", "hybrid", "--seeds", "0", "--json",
+            str(out), "--epochs", "1", "--samples", "8", "--val-samples", "8", "--batch-size", "8"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert saved["results"]["copy"] == {"bptt": [kept]} and saved["dates"]["copy"] == "2026-01-01"
+    (run,) = saved["results"]["eprop-evidence"]["hybrid"]
+    assert run["iterations_to_target"] in (None, 1) and len(run["val_accuracy"]) == 1
+    assert "iterations to val. accuracy ≥ 0.9 (per seed) |" in result.stdout
+    assert "Measured 2026-01-01." in result.stdout  # each task keeps its own date
