@@ -252,7 +252,7 @@ TASKS: dict[str, Task] = {
                     "cue, rate regularised to 10 Hz, batch 64, Adam 5e-3",
         make_data=_eprop_data,
         make_model=_eprop_model,
-        train_samples=64 * 50, val_samples=512, epochs=10, learning_rate=5e-3, batch_size=64, loss_on="mask",
+        train_samples=64 * 50, val_samples=512, epochs=8, learning_rate=5e-3, batch_size=64, loss_on="mask",
         # e-prop's penalty Σ_j (r_j − 10 Hz)² over the 100 neurons; ours averages over them.
         regularizers=lambda: [NeuronRateRegularizer(target=0.01, strength=100.0)],
         reference="e-prop (Bellec et al. 2020): < 7 % error after about 200-500 iterations of batch 64",

@@ -10,7 +10,7 @@ during the recall cue, the rate regularised to 10 Hz (NeuronRateRegularizer), ba
 Adam 5e-3. Published: < 7 % error after about 200-500 iterations. Each run gets a
 folder in --logdir (TensorBoard, log.csv, best.ckpt).
 
-    python examples/evidence_accumulation.py [--algo hybrid] [--epochs 10] [--seed 0]
+    python examples/evidence_accumulation.py [--algo hybrid] [--epochs 8] [--seed 0]
 """
 
 from __future__ import annotations
