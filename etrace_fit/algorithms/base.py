@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..compiler import ETraceGraph, HiddenGroup, Relation
@@ -125,6 +126,11 @@ class TracedPair:
         readout_memory: the group reaches a leaky readout unit by unit, and the pair
             carries one more state per unit, ``ē``, for the readout's memory
             (``readout.py``, docs/theory.md §5.10): ``S`` is the group's states + 1.
+        pattern: for a dense op whose weight function holds a fixed mask (a
+            ``SparseLinear``, a masked ``Linear``), the entries ``(k, o)`` of the
+            canonical ``(K, O)`` weight that can be nonzero (two int arrays, the bias
+            row included); None for a dense weight. D-RTRL keeps its trace there only
+            when they are at most half the entries (:data:`SPARSE_DENSITY`).
     """
 
     index: int
@@ -135,10 +141,19 @@ class TracedPair:
     patch: int = 1
     outputs: int = 1
     readout_memory: bool = False
+    pattern: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def kind(self) -> str:
         return self.relation.op_kind
+
+    @property
+    def sparse_entries(self) -> tuple[Any, Any] | None:
+        """``pattern`` where sparse enough for D-RTRL to keep its trace there (at most
+        :data:`SPARSE_DENSITY` of the ``K·O`` entries), else None."""
+        if self.pattern is None or len(self.pattern[0]) > SPARSE_DENSITY * self.patch * self.outputs:
+            return None
+        return self.pattern
 
     @property
     def has_bias(self) -> bool:
@@ -223,6 +238,37 @@ def scalar_loss(step_loss: Any, outputs: Any, target: Any) -> jax.Array:
     return value
 
 
+#: A masked dense weight whose nonzero entries are at most this fraction of the matrix
+#: gets a D-RTRL trace the size of its nonzeros (``TracedPair.sparse_entries``); above it
+#: the gathers cost more than the dense trace they save.
+SPARSE_DENSITY = 0.5
+
+
+def _nonzero_pattern(eqn: Any, relation: Relation, patch: int, outputs: int) -> tuple[Any, Any] | None:
+    """Where a dense op's effective weight can be nonzero, from a fixed mask in its weight
+    function (``Masked``, alone or first in a ``Chain`` of functions that keep zeros at
+    zero), as ``(k, o)`` over the canonical ``(K, O)`` with the bias row; else None."""
+    from ..ops.weight_fns import Chain, Masked, Positive, SignConstrained
+
+    fn = eqn.params.get("weight_fn")
+    fns = fn.fns if isinstance(fn, Chain) else (fn,)
+    if relation.op_kind != "dense" or [o.key for o in relation.operands if o.key != "bias"] != ["weight"]:
+        return None
+    if not fns or not isinstance(fns[0], Masked) or not all(isinstance(f, (Masked, Positive, SignConstrained))
+                                                            for f in fns):
+        return None
+    shape = dict(relation.trainable_shapes)["weight"]
+    mask = np.ones(shape, bool)
+    for f in fns:
+        if isinstance(f, Masked):
+            mask &= np.broadcast_to(np.asarray(f.mask) != 0, shape)
+    mask = mask.reshape(-1, outputs)
+    if patch > mask.shape[0]:  # the bias row: every unit
+        mask = np.concatenate([mask, np.ones((patch - mask.shape[0], outputs), bool)])
+    k, o = np.nonzero(mask)
+    return k.astype(np.int32), o.astype(np.int32)
+
+
 def traced_pairs(graph: ETraceGraph) -> tuple[TracedPair, ...]:
     """Every (relation, group) pair of the graph, in relation order."""
     pairs = []
@@ -240,5 +286,7 @@ def traced_pairs(graph: ETraceGraph) -> tuple[TracedPair, ...]:
             else:
                 positions, outputs, patch = 1, math.prod(units), 0
             patch += 1 if any(o.key == "bias" for o in relation.operands) or relation.op_kind == "elementwise" else 0
-            pairs.append(TracedPair(len(pairs), relation, group, transition, positions, patch, outputs))
+            pattern = _nonzero_pattern(graph.module.jaxpr.eqns[relation.eqn_index], relation, patch, outputs)
+            pairs.append(TracedPair(len(pairs), relation, group, transition, positions, patch, outputs,
+                                    pattern=pattern))
     return tuple(pairs)

@@ -8,7 +8,9 @@ exact one-step part). Exact (equal to BPTT) for weights into a layer whose only
 recurrence is per unit and whose influence on later losses runs only through its own
 hidden group, whatever the output reads. Memory ``B·P·K·O·S``, laid out ``(B, P, S, K, O)``
 so the units are the fast axis (a trailing state axis of 2 made every pass over the
-trace several times slower).
+trace several times slower). A sparse weight (a fixed mask, ``TracedPair.sparse_entries``)
+keeps the trace at its ``N`` possible nonzeros only: ``(B, P, S, N)``, entry ``n`` the
+weight ``(k_n, o_n)``, memory ``B·P·N·S``.
 """
 
 from __future__ import annotations
@@ -70,14 +72,25 @@ class DRTRL:
 
     name = "d_rtrl"
 
-    def __init__(self, sharded: bool = False, zeros: frozenset = frozenset(), stepwise: bool = False):
+    def __init__(self, sharded: bool = False, zeros: frozenset = frozenset(), stepwise: bool = False,
+                 sparse: bool = True, entries: tuple | None = None):
         self.sharded = sharded
         self.zeros = frozenset(zeros)  # (s, r): D[..., s, r] is zero by construction
         self.stepwise = stepwise  # a small trace: advanced in the step loop on steps without loss
+        self.sparse = sparse  # keep a sparse weight's trace at its nonzeros (False: always dense)
+        self.entries = entries  # (k, o) of those nonzeros, once fitted to a pair (for_pair)
+
+    def _replace(self, **changes) -> "DRTRL":
+        options = dict(sharded=self.sharded, zeros=self.zeros, stepwise=self.stepwise, sparse=self.sparse,
+                       entries=self.entries)
+        return DRTRL(**{**options, **changes})
 
     def for_sharding(self) -> "DRTRL":
         """This rule for traces split over devices along the batch."""
-        return DRTRL(sharded=True, zeros=self.zeros, stepwise=self.stepwise)
+        return self._replace(sharded=True)
+
+    def _entries(self, pair: TracedPair) -> tuple | None:
+        return pair.sparse_entries if self.sparse else None
 
     def for_pair(self, pair: TracedPair) -> "DRTRL":
         """This rule fitted to ``pair``: told which entries of its per-unit Jacobian are
@@ -91,8 +104,15 @@ class DRTRL:
         if pair.readout_memory:
             last = pair.num_states - 1
             zeros = frozenset((s, last) for s in range(last))
-        stepwise = pair.positions * pair.patch * pair.outputs * pair.num_states <= STEPWISE_NUMBERS
-        return DRTRL(sharded=self.sharded, zeros=zeros, stepwise=stepwise)
+        entries = self._entries(pair)
+        stepwise = self._numbers(pair) <= STEPWISE_NUMBERS
+        return self._replace(zeros=zeros, stepwise=stepwise, entries=entries)
+
+    def _numbers(self, pair: TracedPair) -> int:
+        """Trace numbers per sample."""
+        entries = self._entries(pair)
+        weights = pair.patch * pair.outputs if entries is None else len(entries[0])
+        return pair.positions * weights * pair.num_states
 
     @property
     def advance_step(self):
@@ -103,6 +123,13 @@ class DRTRL:
 
     def _advance_step(self, traces: jax.Array, signals: PairSignals) -> jax.Array:
         X, D, Df = self.stack_form(signals)[:3]
+        if self.entries is not None:
+            k, o = self.entries
+            shape, states = traces.shape, traces.shape[2]
+            E = traces.reshape(shape[0] * shape[1], states, shape[3])
+            new = [_total([_times(None if D[s][r] is None else D[s][r][:, o], E[:, r]) for r in range(states)]
+                          + [X[:, k] * Df[s][:, o].astype(X.dtype)]) for s in range(states)]
+            return jnp.stack(new, axis=1).reshape(shape).astype(traces.dtype)
         shape, states = traces.shape, traces.shape[2]
         E = traces.reshape(shape[0] * shape[1], states, shape[3], shape[4])
         new = [_total([_times(None if D[s][r] is None else D[s][r][:, None, :], E[:, r]) for r in range(states)]
@@ -110,15 +137,32 @@ class DRTRL:
         return jnp.stack(new, axis=1).reshape(shape).astype(traces.dtype)
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> jax.Array:
+        entries = self._entries(pair)
+        if entries is not None:
+            return jnp.zeros((batch, pair.positions, pair.num_states, len(entries[0])), dtype)
         return jnp.zeros((batch, pair.positions, pair.num_states, pair.patch, pair.outputs), dtype)
 
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
-        return batch * pair.positions * pair.patch * pair.outputs * pair.num_states * itemsize
+        return batch * self._numbers(pair) * itemsize
+
+    def _scattered(self, values: jax.Array, K: int, O: int) -> jax.Array:
+        """A sparse trace's per-entry gradient ``(N,)`` as the ``(K, O)`` gradient."""
+        k, o = self.entries
+        return jnp.zeros((K, O), values.dtype).at[k, o].add(values)
 
     def step(self, traces: jax.Array, signals: PairSignals, t: jax.Array) -> tuple[jax.Array, jax.Array]:
         X, D, Df, G, dY = signals[:5]
-        new = advance_trace(traces, X, D, Df)
-        grad = jnp.einsum("bpos,bpsko->ko", G, traces)
+        if self.entries is not None:  # the canonical signals at each entry's input and unit
+            k, o = self.entries
+            states = traces.shape[2]
+            D_n, Df_n = D[:, :, o], Df[:, :, o]
+            carried = jnp.stack([sum(D_n[..., s, r] * traces[:, :, r] for r in range(states)) for s in range(states)],
+                                axis=2)
+            new = (carried + X[:, :, None, k] * jnp.moveaxis(Df_n, -1, 2)).astype(traces.dtype)
+            grad = self._scattered(jnp.einsum("bpns,bpsn->n", G[:, :, o], traces), X.shape[-1], D.shape[2])
+        else:
+            new = advance_trace(traces, X, D, Df)
+            grad = jnp.einsum("bpos,bpsko->ko", G, traces)
         if dY is not None:  # the one-step part
             grad = grad + jnp.einsum("bpk,bpo->ko", X, dY)
         return grad, new
@@ -156,7 +200,7 @@ class DRTRL:
             signals = self.stack_form(signals)
         X, D, Df, G, dY = signals[:5]
         shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
-        rows, K, O = shape[0] * shape[1], shape[3], shape[4]  # rows: samples × positions
+        rows, K, O = shape[0] * shape[1], X.shape[-1], Df[0].shape[-1]  # rows: samples × positions
         S = range(states)
         # Per-unit S×S matrices are nested lists of (rows, O) slabs; entries of D that
         # are zero by construction are None and their products are skipped, the suffix
@@ -193,6 +237,18 @@ class DRTRL:
 
             (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True)
             grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
+        if self.entries is not None:  # the same at the sparse weight's entries only
+            k, o = self.entries
+            E = traces.reshape(rows, states, -1)
+            E = [E[:, s] for s in S]
+            X_n = X[:, :, k]
+            new = [_total([_times(None if decay[s][r] is None else decay[s][r][:, o], E[r]) for r in S]
+                          + [jnp.einsum("cnm,cnm->nm", X_n, reach[s][:, :, o].astype(X.dtype))]) for s in S]
+            new = jnp.stack(new, axis=1).reshape(shape).astype(dtype)
+            if grad is None:
+                return None, new
+            history = sum(jnp.sum(mu[s][:, o] * E[s], axis=0) for s in S)
+            return grad + self._scattered(history.astype(grad.dtype), K, O), new
         E = traces.reshape(rows, states, K, O)
         E = [E[:, s] for s in S]
         # E_C per state: the trace carried by Π_0, plus one (K×C)(C×O) GEMM per row.

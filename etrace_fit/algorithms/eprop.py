@@ -78,11 +78,11 @@ class EPropRule:
         self.kappa = float(kappa)
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
-        return (DRTRL().init_traces(pair, batch, dtype),
+        return (DRTRL(sparse=False).init_traces(pair, batch, dtype),
                 jnp.zeros((batch, pair.positions, pair.patch, pair.outputs), dtype))
 
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
-        return DRTRL().trace_bytes(pair, batch, itemsize) + batch * pair.positions * pair.patch * pair.outputs * itemsize
+        return DRTRL(sparse=False).trace_bytes(pair, batch, itemsize) + batch * pair.positions * pair.patch * pair.outputs * itemsize
 
     def _advance(self, traces, signals: PairSignals):
         eps, filtered = traces

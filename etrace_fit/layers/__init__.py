@@ -8,7 +8,7 @@ from .basic import (GELU, Activation, AdaptiveAvgPool1d, AdaptiveAvgPool2d, Adap
                     AvgPool1d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm,
                     LeakyReLU, MaxPool1d, MaxPool2d, ReLU, RMSNorm, SiLU, Softplus, Tanh)
 from .dropout import Dropout
-from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear, LoRALinear
+from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear, LoRALinear, SparseLinear
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, URLSTMCell, VanillaRNNCell
 from .sequential import Sequential
@@ -69,6 +69,7 @@ __all__ = [
     "RecurrentLIF",
     "Linear",
     "LoRALinear",
+    "SparseLinear",
     "Sequential",
     "Sigmoid",
     "SpikingLayer",

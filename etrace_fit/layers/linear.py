@@ -11,12 +11,13 @@ from typing import Any, Callable, Sequence
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import ops
 from ..errors import ConfigError, ShapeError
 from .base import check_last_axis, describe, make_param
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear", "LoRALinear"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear", "LoRALinear", "SparseLinear"]
 
 WeightFn = Callable[[jax.Array], jax.Array]
 
@@ -98,6 +99,70 @@ class Linear(brainstate.nn.Module):
         check_last_axis(self, x, self.in_features)
         params = self.weight.value
         return ops.matmul(x, params["weight"], params.get("bias"), weight_fn=self.weight_fn)
+
+
+class SparseLinear(Linear):
+    """Dense layer with a fixed sparse connectivity: ``y = x @ (W ⊙ M) + b`` with a
+    constant 0/1 mask ``M`` (a random one with the given ``density``, or yours).
+
+    The absent connections stay zero and get no gradient under every rule. The compiler
+    sees the mask, so D-RTRL keeps its trace at the present connections only: ``B·N·S``
+    numbers for ``N`` connections instead of ``B·in·out·S`` (``N`` at most half the
+    matrix; the compile report's trace memory says so). The matmul itself stays dense.
+
+    Shapes: ``x: (..., in_size)`` → ``y: (..., out_size)``; ``W: (in_size, out_size)``
+    in ``self.weight`` (as :class:`Linear`'s; entries outside the mask unused), the mask
+    in ``self.mask``.
+
+    Args:
+        in_size, out_size: sizes.
+        density: the fraction of connections present, in ``(0, 1]``: that many
+            (rounded, at least one) drawn at random with ``seed`` (numpy, so the
+            pattern does not depend on brainstate's random state).
+        mask: a 0/1 array of shape ``(in_size, out_size)`` instead of ``density``.
+        seed: the seed of the random pattern.
+        w_init: default Kaiming normal scaled to the connections present (variance
+            ``1 / (density · in_size)``); b_init, with_bias, weight_fn: as in :class:`Linear`.
+
+    Example::
+
+        layer = SparseLinear(784, 100, density=0.1)   # 10 % of the connections
+        y = layer(jnp.ones((8, 784)))                  # (8, 100)
+    """
+
+    def __init__(self, in_size: int, out_size: int, *, density: float | None = None, mask: Any = None,
+                 seed: int = 0, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
+                 weight_fn: WeightFn | None = None, name: str | None = None):
+        in_size = _positive_int("SparseLinear", "in_size", in_size)
+        out_size = _positive_int("SparseLinear", "out_size", out_size)
+        if (density is None) == (mask is None):
+            raise ConfigError(f"SparseLinear({in_size}, {out_size}): give density or mask (one of them), got "
+                              f"density={density!r}, mask={'None' if mask is None else 'an array'}")
+        if mask is None:
+            if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
+                raise ConfigError(f"SparseLinear({in_size}, {out_size}): density must be in (0, 1], got {density!r}")
+            count = max(1, round(density * in_size * out_size))
+            chosen = np.random.default_rng(seed).choice(in_size * out_size, size=count, replace=False)
+            mask = np.zeros(in_size * out_size, np.float32)
+            mask[chosen] = 1.0
+            mask = mask.reshape(in_size, out_size)
+        else:
+            mask = np.asarray(mask)
+            if mask.shape != (in_size, out_size):
+                raise ShapeError(f"SparseLinear({in_size}, {out_size}): mask must have shape {(in_size, out_size)}, "
+                                 f"got {mask.shape}")
+            if not np.isin(mask, (0, 1)).all():
+                raise ConfigError(f"SparseLinear({in_size}, {out_size}): mask must hold 0 and 1 only")
+            if not mask.any():
+                raise ConfigError(f"SparseLinear({in_size}, {out_size}): mask has no connection")
+            mask = mask.astype(np.float32)
+        density = np.count_nonzero(mask) / mask.size
+        if w_init is None:
+            w_init = brainstate.nn.init.KaimingNormal(scale=1.0 / density)
+        super().__init__(in_size, out_size, w_init=w_init, b_init=b_init, with_bias=with_bias, mask=mask,
+                         weight_fn=weight_fn, name=name)
+        self.mask, self.density = mask, density
+        self._summary = f"{in_size}, {out_size}, density={self.density:.3g}"
 
 
 class LoRALinear(brainstate.nn.Module):
