@@ -101,13 +101,19 @@ def _eprop_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
     return x, y, mask
 
 
-def _eprop_weights(in_size: int) -> Callable[[tuple], Any]:
-    """e-prop's initial weights on ``[x, z]``: N(0, 1/in_size) input rows and N(0, 1/n)
-    recurrent rows (the diagonal is cut by the layer's mask)."""
+def _rows_init(in_size: int, input_scale: float, recurrent_scale: float) -> Callable[[tuple], Any]:
+    """Initial weights on ``[x, z]`` of a recurrent layer: N(0, input_scale²) input rows,
+    N(0, recurrent_scale²) recurrent rows (brainstate's random state)."""
     def init(shape, **kwargs):
-        scale = np.concatenate([np.full(in_size, in_size ** -0.5), np.full(shape[0] - in_size, (shape[0] - in_size) ** -0.5)])
+        scale = np.concatenate([np.full(in_size, input_scale), np.full(shape[0] - in_size, recurrent_scale)])
         return brainstate.random.randn(*shape) * jnp.asarray(scale[:, None], jnp.float32)
     return init
+
+
+def _eprop_weights(in_size: int, size: int) -> Callable[[tuple], Any]:
+    """e-prop's initial weights: N(0, 1/in_size) input rows and N(0, 1/size) recurrent
+    rows (the diagonal is cut by the layer's mask)."""
+    return _rows_init(in_size, in_size ** -0.5, size ** -0.5)
 
 
 def _eprop_model() -> Any:
@@ -121,7 +127,7 @@ def _eprop_model() -> Any:
     beta = np.concatenate([np.zeros(50), np.full(50, 1.7 * (1 - rho) / (1 - alpha))]).astype(np.float32)
     return Sequential(
         layers.RecurrentALIF(40, 100, tau=20.0, tau_a=2000.0, beta=beta, v_threshold=0.6, refractory=5,
-                             surrogate=layers.Triangle(width=0.6, scale=0.3), w_init=_eprop_weights(40),
+                             surrogate=layers.Triangle(width=0.6, scale=0.3), w_init=_eprop_weights(40, 100),
                              with_bias=False, self_connections=False),
         layers.LeakyRateReadout(100, 2, tau=20.0),
     )
@@ -135,6 +141,14 @@ def _copy_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
 
 
 def _copy_model() -> Any:
+    """A linear recurrent unit (its recurrence is per unit, so D-RTRL gives BPTT's
+    gradient for every weight of it) read by a stateless two-layer MLP at each step."""
+    symbols = _COPY["num_symbols"]
+    return Sequential(layers.LRU(symbols + 2, 128, 128, r_min=0.5), layers.ReLU(), layers.Linear(128, 128),
+                      layers.ReLU(), layers.Linear(128, symbols))
+
+
+def _copy_gru() -> Any:
     return Sequential(layers.GRUCell(_COPY["num_symbols"] + 2, 64), layers.Linear(64, _COPY["num_symbols"]))
 
 
@@ -215,15 +229,17 @@ def _mnist1d_gru() -> Any:
 
 
 def _mnist1d_snn() -> Any:
-    """A recurrent LIF network reading the signal as an input current (through a
-    learned Linear(1, 128) with a small bias). Fast neurons (τ = 5 steps) and a readout
-    that integrates the whole sequence (τ = 400 steps): of the settings tried with BPTT
-    (τ 5–20, readout τ 20–400, H 128–256, recurrent scale 0.25–1, learned τ), the best
-    (0.87 against 0.66–0.70 with τ = 20 for both)."""
+    """A recurrent LIF network reading the signal as an input current through its own
+    weight's input row (N(0, 0.5²)), recurrent rows N(0, 0.5/256), a bias of 0.1. Fast
+    neurons (τ = 5 steps) and a readout that integrates the whole sequence (τ = 400
+    steps): of the settings tried with BPTT (τ 5–20, readout τ 20–400, H 128–256,
+    recurrent scale 0.25–1, learned τ), the best. The input weight is the recurrent
+    layer's own (no Linear(1, 128) before it, which gave the same functions but reached
+    the neurons only through the recurrent weight: weight-to-weight, a one-step
+    gradient online; hybrid 0.33 with it)."""
     return Sequential(
-        layers.Linear(1, 128, w_init=brainstate.nn.init.Normal(scale=1.0), b_init=brainstate.nn.init.Constant(0.2)),
-        layers.RecurrentLIF(128, 128, tau=5.0, surrogate=layers.Triangle(width=1.0, scale=1.0),
-                            w_init=brainstate.nn.init.KaimingNormal(scale=0.5)),
+        layers.RecurrentLIF(1, 128, tau=5.0, surrogate=layers.Triangle(width=1.0, scale=1.0),
+                            w_init=_rows_init(1, 0.5, (0.5 / 256) ** 0.5), b_init=brainstate.nn.init.Constant(0.1)),
         layers.LeakyRateReadout(128, 10, tau=400.0),
     )
 
@@ -261,9 +277,19 @@ TASKS: dict[str, Task] = {
     "copy": Task(
         name="copy",
         description="copy task: 5 symbols of 8, a 20-step delay, then recall them in order "
-                    "(T=31, loss on the recall steps): GRUCell(10, 64) -> Linear(8)",
+                    "(T=31, loss on the recall steps): LRU(10, 128, 128) -> ReLU -> Linear(128) -> ReLU -> Linear(8)",
         make_data=_copy_data,
         make_model=_copy_model,
+        train_samples=2048, val_samples=512, epochs=30, learning_rate=3e-3, loss_on="mask",
+        reference="chance 1/8 = 0.125 per symbol; the LRU's recurrence is per unit, so D-RTRL (hybrid) gives "
+                  "BPTT's gradient",
+    ),
+    "copy-gru": Task(
+        name="copy-gru",
+        description="copy task (as copy) with GRUCell(10, 64) -> Linear(8): a dense recurrence, whose online "
+                    "traces keep the per-unit part of the Jacobian only",
+        make_data=_copy_data,
+        make_model=_copy_gru,
         train_samples=2048, val_samples=512, epochs=30, learning_rate=3e-3, loss_on="mask",
         reference="chance 1/8 = 0.125 per symbol",
     ),
@@ -282,15 +308,14 @@ TASKS: dict[str, Task] = {
     ),
     "mnist1d-snn": Task(
         name="mnist1d-snn",
-        description="MNIST-1D with a spiking network: Linear(1, 128) -> RecurrentLIF(128, 128, tau=5) -> "
+        description="MNIST-1D with a spiking network: RecurrentLIF(1, 128, tau=5) -> "
                     "LeakyRateReadout(10, tau=400), loss at the last step",
         make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=60,
         learning_rate=1e-2, batch_size=64,
-        reference="issue target: >= 0.75 with BPTT. Following the readout's memory (docs/theory.md 5.10: one more "
-                  "trace state per unit) moved hybrid from 0.269 (0.248-0.280) to 0.327 (0.272-0.432) at 4.6x the "
-                  "time per epoch (0.67 -> 3.10 s); the rest of the gap: the input Linear(1, 128) reaches the "
-                  "neurons only through the recurrent layer's own weight (weight-to-weight: one-step gradient), "
-                  "and the recurrent weight's traces keep only the diagonal of a dense recurrence",
+        reference="issue target: >= 0.75 with BPTT. The earlier model, Linear(1, 128) -> RecurrentLIF(128, 128), "
+                  "computed the same functions but its input weight reached the neurons only through the recurrent "
+                  "weight (weight-to-weight: a one-step gradient online): hybrid 0.327 (0.272-0.432), BPTT 0.879. "
+                  "The remaining gap: the recurrent weight's traces keep only the diagonal of a dense recurrence",
     ),
     "shd": Task(
         name="shd",

@@ -3,7 +3,7 @@
 MNIST-1D (Greydanus & Kobak 2024) is generated offline exactly as the original code does
 (4000 training / 1000 test sequences of 40 steps, one channel) and cached in --data-dir
 (default ~/.cache/etrace_fit). --model gru: GRUCell(1, 64) -> Linear(10); --model snn:
-Linear(1, 128) -> RecurrentLIF(128, 128, tau=5) -> LeakyRateReadout(10, tau=400). The loss is the
+RecurrentLIF(1, 128, tau=5) -> LeakyRateReadout(10, tau=400). The loss is the
 cross-entropy at the last step. Each run gets a folder in --logdir (TensorBoard,
 log.csv, best.ckpt).
 

@@ -58,9 +58,28 @@ def _run(name, tmp_path, *extra):
     return summary
 
 
-def test_copy_task_runs_into_its_own_folder(tmp_path):
-    summary = _run("copy_task", tmp_path, "--samples", "32", "--val-samples", "16", "--batch-size", "16")
-    assert summary["run"].name.startswith("copy-hybrid-seed0-")
+@pytest.mark.parametrize("model", ["lru", "gru"])
+def test_copy_task_runs_either_model_into_its_own_folder(model, tmp_path):
+    summary = _run("copy_task", tmp_path, "--model", model, "--samples", "32", "--val-samples", "16",
+                   "--batch-size", "16")
+    assert summary["run"].name.startswith("copy-hybrid-seed0-" if model == "lru" else "copy-gru-hybrid-seed0-")
+
+
+def test_the_copy_tasks_lru_is_learned_exactly_online_and_the_gru_is_not():
+    import jax.numpy as jnp
+
+    import etrace_fit as ef
+    from etrace_fit import tasks
+
+    brainstate.environ.set(dt=1.0)
+    x, _, _ = tasks.TASKS["copy"].make_data("train", 4, 0, None)
+    for name, exact in (("copy", True), ("copy-gru", False)):
+        model = tasks.TASKS[name].make_model()
+        brainstate.nn.init_all_states(model, batch_size=4)
+        learner = ef.compile(model, jnp.asarray(x[:, 0]), lambda out, y: jnp.sum(out), algo="hybrid")
+        assert (learner.plan.approximations() == {}) == exact, name
+        if exact:
+            assert {rule.name for rule in learner.plan.rules} == {"d_rtrl"}
 
 
 @pytest.mark.parametrize("model", ["gru", pytest.param("snn", marks=pytest.mark.slow)])
