@@ -241,9 +241,15 @@ class DRTRL:
             k, o = self.entries
             E = traces.reshape(rows, states, -1)
             E = [E[:, s] for s in S]
-            X_n = X[:, :, k]
+            # Σ_r X_r[:, k] ⊙ (Π_r Df_r)[:, o], one step at a time: gathered for the whole
+            # chunk at once, these (C, rows, N) arrays took more memory than a dense trace.
+            def gathered(total, inputs):
+                X_r, reach_r = inputs
+                return [total[s] + X_r[:, k] * reach_r[s][:, o].astype(X.dtype) for s in S], None
+
+            reached_in, _ = lax.scan(gathered, [jnp.zeros((rows, len(k)), X.dtype) for _ in S], (X, reach))
             new = [_total([_times(None if decay[s][r] is None else decay[s][r][:, o], E[r]) for r in S]
-                          + [jnp.einsum("cnm,cnm->nm", X_n, reach[s][:, :, o].astype(X.dtype))]) for s in S]
+                          + [reached_in[s]]) for s in S]
             new = jnp.stack(new, axis=1).reshape(shape).astype(dtype)
             if grad is None:
                 return None, new
