@@ -94,3 +94,13 @@ def test_accuracy_script_merges_its_runs_and_counts_iterations_to_the_target(tmp
     assert run["iterations_to_target"] in (None, 1) and len(run["val_accuracy"]) == 1
     assert "iterations to val. accuracy ≥ 0.9 (per seed) |" in result.stdout
     assert "Measured 2026-01-01." in result.stdout  # each task keeps its own date
+
+
+@pytest.mark.slow
+def test_sparse_script_compares_memory_with_the_dense_layer():
+    args = ["benchmarks/sparse.py", "--size", "60", "--density", "0.1", "--repeats", "1", "--length", "4"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| sparse 0.1 |"))
+    assert float(row.split("|")[4]) < 0.2  # trace / dense
