@@ -1,17 +1,20 @@
-"""How fast ES-D-RTRL could be with the per-step learning signal: its program against
-the same program with the rule's own work removed, and BPTT, interleaved in one process.
+"""Where ES-D-RTRL's time goes: its program against the same program without its
+weight-gradient GEMMs, and BPTT, interleaved in one process.
 
     python benchmarks/es_floor.py [--models lif gru] [--loss all last] [--repeats 21]
 
 For each model of ``speed.py`` (H = 128, B = 16, T = 200, the issue's target size) it
-compiles three whole-sequence gradients: ``bptt``, ``esd_rtrl``, and ``floor``, which is
-``esd_rtrl`` with ``ESDRTRL.chunk`` replaced by a stand-in that reads the chunk's
-stacked signals once and runs no loop (its gradient is wrong; only its time matters).
-What is left in ``floor`` is the step program: the forward pass, the pull-back of the
-step loss for ``∂L^t/∂h^{t−1}`` (docs/theory.md §5.8), ``D`` and ``Df``, and the
-one-step GEMMs. No implementation of the rule can make ES-D-RTRL faster than ``floor``
-without changing the learning signal, so ``floor / bptt`` bounds the ratio from below.
-Prints medians of wall time as ratios to BPTT.
+compiles four whole-sequence gradients: ``bptt``; ``esd_rtrl``; ``no_rule_gemm``, which
+is ``esd_rtrl`` with ``ESDRTRL.finish_rows`` replaced by a stand-in that reads its rows
+once and does no GEMM (the rule's one GEMM per chunk, ``X^T (dY + h̃)``, and its filter
+gone); and ``loop_only``, which also replaces the deferred ops' per-chunk GEMMs (the
+readout's ``X^T δy``) by such a stand-in. Their gradients are wrong; only their time
+matters. ``loop_only`` is the step loop: the forward pass, the pull-back for the
+learning signal ``∂L^t/∂h^{t−1}`` (docs/theory.md §5.8), ``D``, ``Df``, ε_f advanced in
+the loop and the rows stacked. The GEMMs removed have the FLOPs of BPTT's
+weight-gradient GEMMs (2·T·B·K·O per weight), so no implementation of the rule gets
+under ``loop_only`` plus what those FLOPs cost. Prints medians of wall time as ratios
+to BPTT.
 """
 
 from __future__ import annotations
@@ -28,30 +31,37 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import speed  # noqa: E402
 
+from etrace_fit.algorithms import online  # noqa: E402
 from etrace_fit.algorithms.esd_rtrl import ESDRTRL  # noqa: E402
+from etrace_fit.ops import etp_op_info  # noqa: E402
 
 
-def _no_rule_work(self, traces, signals, t0):
-    """Reads every stacked signal once, no loop: the cost floor of any ``chunk``."""
-    X, D, Df, G, dY = signals[:5]
-    eps_x, eps_f = traces
-    new_f = eps_f + D.sum(axis=(0, -1)) + Df.sum(0)
-    new_x = eps_x + X.sum(0)
-    if G is None:
-        return None, (new_x, new_f)
-    return jnp.einsum("cbpk,cbpo->ko", X, (dY + G.sum(-1)).astype(X.dtype)), (new_x, new_f)
+def _no_rule_gemm(self, start, traces, rows):
+    """Reads the rows once, no GEMM and no filter: the gradient is wrong."""
+    X, history = rows[0], rows[1]
+    touched = X.sum() + history.sum()
+    return jnp.zeros((X.shape[-1], history.shape[-1]), X.dtype) + touched, traces
+
+
+def _no_deferred_gemm(eqn, xs, cotangents, dtype):
+    """The deferred op's gradient replaced by zeros that read its rows once."""
+    _, trainables = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
+    touched = (xs.sum() + cotangents.sum()).astype(dtype)
+    return {key: jnp.zeros(var.aval.shape, dtype) + touched for key, var in trainables.items()}
 
 
 def measure(name: str, loss: str, repeats: int) -> dict[str, float]:
     model = speed.build(name, 128, 16)
     xs, ys = speed.data(name, 16, 200, loss)
     programs = {rule: speed.compile_rule(model, rule, xs, ys, loss) for rule in ("bptt", "esd_rtrl")}
-    original = ESDRTRL.chunk
-    ESDRTRL.chunk = _no_rule_work
+    finish, deferred = ESDRTRL.finish_rows, online.deferred_gradients
     try:
-        programs["floor"] = speed.compile_rule(model, "esd_rtrl", xs, ys, loss)
+        ESDRTRL.finish_rows = _no_rule_gemm
+        programs["no_rule_gemm"] = speed.compile_rule(model, "esd_rtrl", xs, ys, loss)
+        online.deferred_gradients = _no_deferred_gemm
+        programs["loop_only"] = speed.compile_rule(model, "esd_rtrl", xs, ys, loss)
     finally:
-        ESDRTRL.chunk = original
+        ESDRTRL.finish_rows, online.deferred_gradients = finish, deferred
     for compiled, args, _, _ in programs.values():
         jax.block_until_ready(compiled(*args))
     wall = {key: [] for key in programs}
@@ -69,12 +79,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()
     brainstate.environ.set(dt=1.0)
-    print("| model | loss | esd_rtrl / bptt | floor / bptt |")
-    print("|---|---|---|---|")
+    print("| model | loss | esd_rtrl / bptt | no_rule_gemm / bptt | loop_only / bptt |")
+    print("|---|---|---|---|---|")
     for name in args.models:
         for loss in args.loss:
             ratios = measure(name, loss, args.repeats)
-            print(f"| {name} | {loss} | {ratios['esd_rtrl']:.2f} | {ratios['floor']:.2f} |", flush=True)
+            print(f"| {name} | {loss} | {ratios['esd_rtrl']:.2f} | {ratios['no_rule_gemm']:.2f} "
+                  f"| {ratios['loop_only']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

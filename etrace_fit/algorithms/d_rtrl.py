@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .base import PairSignals, TracedPair, split_states
+from .base import PairSignals, TracedPair, gram, split_states
 
 __all__ = ["DRTRL", "STEPWISE_NUMBERS", "advance_trace"]
 
@@ -236,7 +236,7 @@ class DRTRL:
                 return (lam, times(suffix, D_r)), (reached(suffix, Df_r), signal)
 
             (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True)
-            grad = jnp.einsum("cnk,cno->ko", X, signal.astype(X.dtype))
+            grad = gram(X, signal.astype(X.dtype))
         if self.entries is not None:  # the same at the sparse weight's entries only
             k, o = self.entries
             E = traces.reshape(rows, states, -1)

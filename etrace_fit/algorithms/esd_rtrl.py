@@ -8,6 +8,11 @@
 with ``G = ∂L^t/∂h^{t-1}``, ``dY = ∂L^t/∂y^t`` (docs/theory.md §5.8): the first sum is the exact
 one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
 and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
+
+The engine runs the rule inside its step loop: ``step_rows`` advances ``ε_f`` and keeps
+each step's ``X``, history and ``dY``; ``finish_rows`` regroups a chunk of them into one
+GEMM over ``C·B·P`` rows (BPTT's size) and advances ``ε_x`` once. ``step`` is the same
+math one step at a time (the reference the tests hold the chunked form to).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import ConfigError
-from .base import PairSignals, TracedPair
+from .base import PairSignals, TracedPair, gram
 
 __all__ = ["ESDRTRL", "resolve_decay"]
 
@@ -60,12 +65,7 @@ class ESDRTRL:
     def step(self, traces, signals: PairSignals, t: jax.Array):
         X, G, dY = signals.X, signals.G, signals.dY
         eps_x, eps_f = traces
-        alpha = self.alpha
-        dtype = jnp.promote_types(G.dtype, jnp.float32)
-        # The traces of step t-1 stand for ε^{t-1} with the bias correction 1 − α^t;
-        # at t = 0 they are zero and so is the history part (no division by zero).
-        correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
-        history = jnp.einsum("bpos,bpos->bpo", G, eps_f) / correction
+        history = self._history(G, eps_f, t)
         if dY is None:
             grad = jnp.einsum("bpk,bpo->ko", eps_x, history)
         else:  # one GEMM for both parts: [X; ε_x]ᵀ [dY; history], inner dimension 2·B·P
@@ -73,51 +73,50 @@ class ESDRTRL:
                               jnp.concatenate([dY, history.astype(dY.dtype)]))
         return grad, self.advance_step(traces, signals)
 
-    def chunk(self, traces, signals: PairSignals, t0: jax.Array):
-        """The same over ``C`` steps, with the one GEMM of BPTT's size.
+    def _history(self, G, eps_f, t):
+        """``Σ_s G ε_f^{t-1} / (1 − α^t)``: the traces of step t-1 stand for ε^{t-1} with
+        the bias correction 1 − α^t; at t = 0 they are zero and so is the history part
+        (no division by zero). ``t``: a scalar, or one per leading entry of ``G``."""
+        dtype = jnp.promote_types(G.dtype, jnp.float32)
+        t = jnp.asarray(t).astype(dtype)
+        correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t, 1.0)
+        correction = correction.reshape(correction.shape + (1,) * (G.ndim - 1 - correction.ndim))
+        return (G * eps_f).sum(axis=-1) / correction
+
+    def step_rows(self, traces, signals: PairSignals, t: jax.Array):
+        """One step inside the engine's step loop (steps with a loss): ``ε_f`` advanced
+        and what :meth:`finish_rows` needs of this step, ``(X, history, dY)``; ``ε_x``
+        is advanced once per chunk there. The engine stacks the rows over the chunk:
+        no buffers of ``D``, ``Df``, ``G`` and no second loop over them."""
+        X, G, dY = signals.X, signals.G, signals.dY
+        eps_x, eps_f = traces
+        rows = (X, self._history(G, eps_f, t), dY)
+        return rows, (eps_x, self.advance_step(traces, signals)[1])
+
+    def finish_rows(self, start, traces, rows):
+        """The chunk's gradient and final traces from :meth:`step_rows`' rows stacked over
+        it (leading axis ``C``), ``start`` the traces at the chunk's start and ``traces``
+        after its last step.
 
         ``ε_x`` before step ``i`` of the chunk is ``α^i ε_x⁰ + Σ_{j<i} α^{i-1-j} X_j``, so
-        the history part ``Σ_i ε_x^{(i)}ᵀ h_i`` (``h_i = G_i·ε_f^{(i)} / (1 − α^t)``)
-        regroups exactly into ``Σ_j X_jᵀ h̃_j + ε_x⁰ᵀ Σ_i α^i h_i`` with the backward
-        filter ``h̃_{C-1} = 0, h̃_j = h_{j+1} + α h̃_{j+1}``: one GEMM over ``C·B·P`` rows
-        for both parts (``X_jᵀ (dY_j + h̃_j)``) and a small one for the chunk's start.
-        Only ``ε_f`` (the size of the layer's output) advances step by step.
-        """
-        X, D, Df, G, dY = signals[:5]
-        eps_x, eps_f = traces
-        alpha = self.alpha
-        dtype = jnp.promote_types(Df.dtype, jnp.float32)
+        the history part ``Σ_i ε_x^{(i)}ᵀ h_i`` regroups exactly into
+        ``Σ_j X_jᵀ h̃_j + ε_x⁰ᵀ Σ_i α^i h_i`` with ``h̃_j = Σ_{i>j} α^{i-1-j} h_i``: one
+        GEMM over ``C·B·P`` rows for both parts (``X_jᵀ (dY_j + h̃_j)``, BPTT's size; the
+        per-step form stacks ``[X; ε_x]``, twice the rows) and a small one for the start."""
+        X, history, dY = rows
+        eps_x = start[0]
         steps = X.shape[0]
-
-        def forward(eps_f, inputs):
-            D_t, Df_t = inputs
-            carried = sum(D_t[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
-            return (carried + (1.0 - alpha) * Df_t).astype(eps_f.dtype), eps_f
-
-        new_f, previous_f = lax.scan(forward, eps_f, (D, Df))
-        powers = jnp.asarray(alpha, dtype) ** jnp.arange(steps, dtype=dtype)
-        weights = powers[::-1]  # α^{C-1-j}
-        new_x = (alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", weights.astype(X.dtype), X)).astype(eps_x.dtype)
-        if G is None:  # no learning signal in the chunk: advance the traces only
-            return None, (new_x, new_f)
-        t = (t0 + jnp.arange(steps)).astype(dtype)
-        correction = 1.0 - jnp.asarray(alpha, dtype) ** jnp.maximum(t, 1.0)  # zero history at t = 0
-        history = (G * previous_f).sum(axis=-1) / correction[:, None, None, None]  # (C, B, P, O)
-
-        def backward(filtered, h_next):
-            filtered = h_next + alpha * filtered
-            return filtered, filtered
-
-        shifted = jnp.concatenate([history[1:], jnp.zeros_like(history[:1])])
-        _, filtered = lax.scan(backward, jnp.zeros_like(history[0]), shifted, reverse=True)
-        signal = filtered if dY is None else filtered + dY
-        grad = jnp.einsum("cbpk,cbpo->ko", X, signal.astype(X.dtype))
-        grad = grad + jnp.einsum("bpk,bpo->ko", eps_x.astype(dtype), jnp.einsum("c,cbpo->bpo", powers, history))
-        return grad, (new_x, new_f)
-
-    def advance(self, traces, signals: PairSignals, t0: jax.Array):
-        """The traces after a chunk without learning signal (``G`` is ``None``)."""
-        return self.chunk(traces, signals, t0)[1]
+        dtype = jnp.promote_types(history.dtype, jnp.float32)
+        powers = jnp.asarray(self.alpha, dtype) ** jnp.arange(steps, dtype=dtype)
+        new_x = (self.alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", powers[::-1].astype(X.dtype), X))
+        # h̃_j = Σ_{i>j} α^{i-1-j} h_i for all j at once: a (C × C) filter matrix.
+        lag = jnp.arange(steps)[None, :] - jnp.arange(steps)[:, None] - 1  # i - 1 - j
+        filter_ = jnp.where(lag >= 0, jnp.asarray(self.alpha, dtype) ** jnp.maximum(lag, 0).astype(dtype), 0.0)
+        filtered = jnp.einsum("ji,ibpo->jbpo", filter_.astype(history.dtype), history)
+        signal = filtered if dY is None else filtered + dY.astype(filtered.dtype)
+        grad = gram(X, signal.astype(X.dtype))
+        grad = grad + gram(eps_x.astype(dtype), jnp.einsum("c,cbpo->bpo", powers, history))
+        return grad, (new_x.astype(eps_x.dtype), traces[1])
 
     def advance_step(self, traces, signals: PairSignals):
         """The traces after one step without learning signal: a few elementwise ops,

@@ -27,7 +27,7 @@ from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from ..ops.dense import matmul_of_parts, weight_rows
-from .base import PairSignals, Rule, TracedPair, joined_states, scalar_loss
+from .base import PairSignals, Rule, TracedPair, gram, joined_states, scalar_loss
 from .readout import new_state_vars, readout_memory
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
@@ -491,12 +491,14 @@ def deferred_gradients(eqn, xs: jax.Array, cotangents: jax.Array, dtype: Any) ->
     its trainable operands, so the gradient does not depend on their values."""
     op = etp_op_info(eqn.primitive)
     _, trainables = op.split_operands(list(eqn.invars))
+    if op.kind == "dense":  # y = x W + b: W's gradient is Xᵀ δy, b's the sum of δy
+        cotangents = cotangents.astype(xs.dtype)
+        grads = {"weight": gram(xs, cotangents), "bias": cotangents.sum(axis=tuple(range(cotangents.ndim - 1)))}
+        return {key: grads[key].astype(dtype) for key in trainables}
     zeros = {key: jnp.zeros(var.aval.shape, var.aval.dtype) for key, var in trainables.items()}
     params = {**eqn.params, "weight_fn": None} if "weight_fn" in eqn.params else dict(eqn.params)
-    if op.kind == "dense":  # a matmul takes the (C, B) axes as they are: no reshape of a batch split over devices
-        rows, cotangents = xs, cotangents
-    else:  # a conv wants one batch axis
-        rows, cotangents = xs.reshape(-1, *xs.shape[2:]), cotangents.reshape(-1, *cotangents.shape[2:])
+    # A conv wants one batch axis.
+    rows, cotangents = xs.reshape(-1, *xs.shape[2:]), cotangents.reshape(-1, *cotangents.shape[2:])
     _, pull = jax.vjp(lambda tr: op.reference(rows, tr, params), zeros)
     grads = pull(cotangents.astype(rows.dtype))[0]
     return {key: value.astype(dtype) for key, value in grads.items()}
@@ -626,10 +628,13 @@ def build_online(
         # Steps known to have no loss: the rules with a cheap per-step advance advance in
         # the step loop itself (one loop, no stacked signals); the others once after it.
         stepwise = {n for n, rule in enumerate(rules) if pullback is False and getattr(rule, "advance_step", None) is not None}
+        # Steps with a loss: a rule with step_rows (ES-D-RTRL) runs in the step loop too,
+        # stacks only what its one GEMM per chunk reads, and finishes after the loop.
+        rowwise = {n for n, rule in enumerate(rules) if pullback is not False and hasattr(rule, "step_rows")}
 
         def step(carry, inputs_t):
             others, weight_acc, inner = carry
-            input_leaves, target, active = inputs_t
+            (input_leaves, target, active), t_step = inputs_t
             active = active if pullback is None else pullback
             loss, outputs, others, weight_grads, signals, one_step = program.signals(
                 weights, others, input_leaves, target, active, prepared)
@@ -638,16 +643,25 @@ def build_online(
             # stack_form when it has one (D-RTRL: per-state slabs), else canonical.
             signals = [rules[n].stack_form(s) if hasattr(rules[n], "stack_form") else joined_states(s)
                        for n, s in enumerate(signals)]
-            inner = {n: rules[n].advance_step(trace, signals[n]) for n, trace in inner.items()}
-            signals = [None if n in stepwise else s for n, s in enumerate(signals)]
+            rows = {}
+            for n, trace in list(inner.items()):
+                if n in rowwise:
+                    rows[n], inner[n] = rules[n].step_rows(trace, signals[n], t_step)
+                else:
+                    inner[n] = rules[n].advance_step(trace, signals[n])
+            signals = [rows.get(n) if n in inner else s for n, s in enumerate(signals)]
             return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)
 
-        inner = {n: traces[n] for n in stepwise}
+        inner = {n: traces[n] for n in stepwise | rowwise}
+        length = jax.tree.leaves(inputs)[0].shape[0]
         (others, weight_acc, inner), (losses, outputs, signals, one_step) = lax.scan(
-            step, (others, weight_acc, inner), inputs)
+            step, (others, weight_acc, inner), (inputs, t + jnp.arange(length, dtype=t.dtype)))
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
-            if n in stepwise:
+            if n in rowwise:
+                grad, inner[n] = rule.finish_rows(trace, inner[n], pair_signals)
+                pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
+            if n in stepwise | rowwise:
                 new_traces.append(inner[n])
                 continue
             grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
@@ -657,7 +671,6 @@ def build_online(
         for n, (i, (xs, cotangents)) in enumerate(zip(deferred, one_step or ()), start=len(pairs)):
             grads = deferred_gradients(eqns[i], xs, cotangents, accumulate)
             pair_acc[n] = {key: pair_acc[n][key] + grads[key] for key in pair_acc[n]}
-        length = jax.tree.leaves(inputs)[0].shape[0]
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 
     def run_steps(weights, carry, inputs, size, collect, pullback=None, length=None, prepared=None):

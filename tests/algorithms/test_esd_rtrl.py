@@ -171,3 +171,49 @@ def test_trace_norm_is_the_norm_of_the_materialised_bias_corrected_outer_product
     np.testing.assert_allclose(ESDRTRL(0.8).trace_norm((jnp.asarray(eps_x), jnp.asarray(eps_f)), t), expected,
                                rtol=1e-5)
     np.testing.assert_allclose(DRTRL().trace_norm(jnp.asarray(full), t), expected, rtol=1e-5)
+
+
+def _random_signals(rng, C, B_, P, K, O_, S, with_dY):
+    f = lambda *shape: jnp.asarray(rng.normal(size=shape))  # noqa: E731
+    from etrace_fit.algorithms.base import PairSignals
+    return PairSignals(X=f(C, B_, P, K), D=f(C, B_, P, O_, S, S) * 0.5, Df=f(C, B_, P, O_, S), G=f(C, B_, P, O_, S),
+                       dY=f(C, B_, P, O_) if with_dY else None)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("with_dY", [True, False])
+@pytest.mark.parametrize("t0", [0, 7])
+def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
+    """What the engine runs with a loss (``step_rows`` in the step loop, ``finish_rows``
+    once per chunk: the regrouped GEMM and ε_x advanced once) equals ``step`` scanned
+    over the same chunk, float64: the gradient and both traces, at the sequence's start
+    (t0 = 0: no history at the first step) and mid-sequence, with and without the
+    one-step part, S = 2 (D a 2×2 block per unit), and α = 0 (the filter's 0⁰ = 1)."""
+    import brainstate
+    import jax
+
+    from etrace_fit.algorithms.base import PairSignals
+    from etrace_fit.algorithms.esd_rtrl import ESDRTRL
+
+    rng = np.random.default_rng(3)
+    C, B_, P, K, O_, S = 6, 3, 2, 5, 4, 2
+    with brainstate.environ.context(precision=64):
+        rule = ESDRTRL(alpha)
+        signals = _random_signals(rng, C, B_, P, K, O_, S, with_dY)
+        start = (jnp.asarray(rng.normal(size=(B_, P, K))), jnp.asarray(rng.normal(size=(B_, P, O_, S))))
+        at = lambda c: PairSignals(*[None if s is None else s[c] for s in signals])  # noqa: E731
+        traces, want = start, 0.0
+        for c in range(C):
+            grad, traces = rule.step(traces, at(c), jnp.asarray(t0 + c))
+            want = want + grad
+        rows, inner = [], start
+        for c in range(C):
+            row, inner = rule.step_rows(inner, at(c), jnp.asarray(t0 + c))
+            rows.append(row)
+        stacked = jax.tree.map(lambda *r: jnp.stack(r), *rows)
+        got, final = rule.finish_rows(start, inner, stacked)
+        assert got.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-11, atol=1e-12)
+        for a, b in zip(final, traces):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
+        assert float(jnp.abs(want).max()) > 1e-3  # the comparison is not between zeros
