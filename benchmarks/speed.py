@@ -191,7 +191,7 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
         r["temp_ratio"] = r["temp"] / max(base["temp"], 1)
         log(f"  {label} {rule}: wall {r['wall_median'] * 1e3:.1f} ms "
             f"({r['wall_ratio']:.2f}× bptt), temp {r['temp'] / MiB:.1f} MiB")
-    return {**config, "rules": results}
+    return {**config, "repeats": repeats, "rules": results}
 
 
 def find(results, **config):
@@ -361,7 +361,8 @@ def demo_section() -> list[str]:
             "noisy machine). The online run's memory stays flat in T (the grid above)."]
 
 
-def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None) -> str:
+def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
+             updates: list | None = None) -> str:
     lines = [
         "# Performance: online rules against BPTT",
         "",
@@ -382,6 +383,10 @@ def markdown(results, args, command: str, peak_rss: int, figure: str, date: str 
         "",
         f"    {command}",
         "",
+        *[line for update in updates or () for line in (
+            f"Then {len(update['configurations'])} configuration(s) measured again on {update['date']} and "
+            f"replaced in these tables ({', '.join(' '.join(map(str, c)) for c in update['configurations'])}):",
+            "", f"    {update['command']}", "")],
         "## Targets",
         "",
         "At H = 128, B = 16, T = 200 (wall-time ratio decides; CPU ratio alongside). Machines are shared and "
@@ -410,12 +415,17 @@ def main() -> None:
     parser.add_argument("--out", default="docs/performance.md")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--from-json", help="render the Markdown (and plot) from a --json file instead of measuring")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --json: replace the configurations measured now in that file's results and keep "
+                             "the others (e.g. the target row again with more rounds); the Markdown shows them all")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.batch, args.lengths = [128], [16], [200]
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
     command = shlex.join(["python", "benchmarks/speed.py", *sys.argv[1:]])
+    if args.merge and (not args.json or not pathlib.Path(args.json).exists()):
+        parser.error("--merge needs --json naming a file an earlier run wrote")
 
     brainstate.environ.set(dt=1.0)
     grid = [(m, h, b, t, loss) for m in args.models for h in args.hidden for b in args.batch
@@ -432,21 +442,40 @@ def main() -> None:
             results.append(measure(name, hidden, batch, length, loss, args.repeats, args.max_gib * GiB))
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
+    meta = {"command": command, "cpus": os.cpu_count(), "jax": jax.__version__,
+            "date": date or datetime.date.today().isoformat(), "peak_rss_kib": peak_rss, "repeats": args.repeats}
+    if args.from_json:
+        meta = saved["meta"]
+    elif args.merge:
+        results, meta = merged(pathlib.Path(args.json), results, meta)
+        command, peak_rss, args.repeats, date = meta["command"], meta["peak_rss_kib"], meta["repeats"], meta["date"]
+
     figure = "(the plot is written only with `--write-docs`.)"
     if args.write_docs:
         out = pathlib.Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         figure = plot(results, out.with_suffix(".png"))
-    text = markdown(results, args, command, peak_rss, figure, date)
+    text = markdown(results, args, command, peak_rss, figure, date, meta.get("updates", []))
     if args.write_docs:
         out.write_text(text + "\n")
         log(f"wrote {out}")
     else:
         print(text)
     if args.json and not args.from_json:
-        meta = {"command": command, "cpus": os.cpu_count(), "jax": jax.__version__,
-                "date": datetime.date.today().isoformat(), "peak_rss_kib": peak_rss, "repeats": args.repeats}
         pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+def merged(path: pathlib.Path, results: list, meta: dict) -> tuple[list, dict]:
+    """``path``'s saved results with the configurations in ``results`` replaced (or
+    added), and its meta with this run listed under ``updates``."""
+    saved = json.loads(path.read_text())
+    keys = ("model", "H", "B", "T", "loss")
+    fresh = {tuple(e[k] for k in keys): e for e in results}
+    kept = [fresh.pop(tuple(e[k] for k in keys), e) for e in saved["results"]]
+    old = saved["meta"]
+    updates = old.get("updates", []) + [{"command": meta["command"], "date": meta["date"], "configurations":
+                                         [[e[k] for k in keys] for e in results]}]
+    return kept + list(fresh.values()), {**old, "updates": updates}
 
 
 if __name__ == "__main__":

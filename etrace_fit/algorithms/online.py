@@ -70,9 +70,9 @@ class OnlineProgram:
     step marked so has its loss taken as zero, not evaluated (XLA then drops what only
     the loss reads: a stateless readout when no outputs are collected).
     ``collect``: ``True`` for the outputs of every step; ``"final"`` for those of the
-    last chunk only (with ``active="last"``: the other steps do not evaluate what only
+    last step only (with ``active="last"``: the other steps do not evaluate what only
     the outputs read; otherwise it is ``True``) — ``Collected.outputs`` then has a
-    leading axis of at most ``T`` ending at the last step. ``traces``: a
+    leading axis of 1, or of ``T`` when ``T`` = 1. ``traces``: a
     :class:`TraceState` to start from (``init_traces(batch)`` or one a previous call
     returned) instead of zero traces at ``t = 0``; the call then returns
     the final :class:`TraceState` as its last element (streaming: a long sequence in
@@ -724,16 +724,13 @@ def build_online(
         carry = (program.others(state_leaves), trace_values, *zero_accumulators(weights), t0)
         size = size_for(length)
         prepared = program.prepare(weights)
-        if isinstance(active, str) and length > size:
-            # "last": every chunk but the final one without pull-back and without a
-            # per-step branch; the final chunk reads the flags (two chunk bodies to compile).
-            final = length % size or size
+        if isinstance(active, str) and length > 1:
+            # "last": every step but the last without pull-back and without a per-step
+            # branch (the rules only advance their traces), then the last step alone
+            # with its loss: no chunk of stacked signals that are zero but at one step.
             carry, head = run_steps(weights, carry, inputs, size, collect is True, pullback=False,
-                                    length=length - final, prepared=prepared)
-            # The final chunk has the loss (at its last step): no chunk-level branch,
-            # whose other arm would be a third copy of the chunk body to compile.
-            carry, last = chunk_steps(weights, carry, _slice(inputs, length - final, final), bool(collect), None,
-                                      prepared)
+                                    length=length - 1, prepared=prepared)
+            carry, last = chunk_steps(weights, carry, _slice(inputs, length - 1, 1), bool(collect), True, prepared)
             losses = jnp.concatenate([head[0], last[0]])
             out = (losses, last[1] if collect == "final" else jax.tree.map(
                 lambda a, b: jnp.concatenate([a, b]), head[1], last[1]))

@@ -41,6 +41,36 @@ def test_speed_script_writes_docs(tmp_path):
 
 
 @pytest.mark.slow
+def test_speed_script_merges_a_remeasured_configuration_into_its_saved_results(tmp_path):
+    """``--merge``: the configurations measured now replace theirs in the saved JSON, the
+    others stay, and the Markdown names the re-measurement; without a saved file it
+    refuses before measuring anything."""
+    import json
+
+    saved, out = tmp_path / "speed.json", tmp_path / "performance.md"
+    base = ["benchmarks/speed.py", "--quick", "--models", "gru", "--json", str(saved)]
+    first = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "all", "last"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {e["loss"]: e for e in json.loads(saved.read_text())["results"]}
+    again = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "2", "--loss", "last", "--merge",
+                            "--write-docs", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    data = json.loads(saved.read_text())
+    after = {e["loss"]: e for e in data["results"]}
+    assert set(after) == {"all", "last"} and len(data["results"]) == 2
+    assert after["all"] == before["all"]  # kept as it was
+    assert after["last"]["repeats"] == 2 and len(after["last"]["rules"]["bptt"]["wall"]) == 2
+    assert data["meta"]["repeats"] == 1 and data["meta"]["updates"][0]["configurations"] == [["gru", 128, 16, 200, "last"]]
+    text = out.read_text()
+    assert "measured again on" in text and "--merge" in text
+    assert "| 128 | 16 | 200 | all | esd_rtrl |" in text and "| 128 | 16 | 200 | last | esd_rtrl |" in text
+    refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--merge", "--json",
+                              str(tmp_path / "missing.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--merge needs --json" in refused.stderr and "[1/" not in refused.stderr
+
+
+@pytest.mark.slow
 def test_demo_script_compares_the_algos(tmp_path):
     out = tmp_path / "demo.json"
     args = ["benchmarks/demo.py", "--seeds", "0", "--epochs", "1", "--samples", "64", "--json", str(out)]
