@@ -295,38 +295,42 @@ def plot(results, path: pathlib.Path) -> str:
 READING = [
     "## Reading the numbers",
     "",
-    "- The online programs run the model's step over a chunk of steps first (forward, one pull-back for the "
-    "learning signal and the one-step gradients, `D` and `Df`), then each rule once per chunk: D-RTRL reads "
-    "and writes its trace once per chunk and does its weight-gradient work as GEMMs over `C·B` rows "
-    "(docs/theory.md §5.9), so at these sizes it costs about what BPTT does while its memory stays flat in T.",
-    "- ES-D-RTRL's traces are small; what it pays is the per-step signal work. BPTT's backward pass has the "
-    "same reverse sweep through the step, so ES-D-RTRL saves BPTT's stored residuals and its per-step "
-    "weight-gradient GEMMs, not the sweep: on small layers (B·H of a few thousand numbers per step) the "
-    "number of kernels per step, not arithmetic, sets the time.",
-    "- With the loss at the last step only, the online rules skip the pull-back at the other steps, and a "
-    "chunk with no loss in it skips the contraction and the weight-gradient GEMMs too: its rule only "
-    "advances the traces. ES-D-RTRL advances them inside the step loop itself (`advance_step`: a few "
-    "elementwise ops per step, no second loop over the chunk); D-RTRL too for a trace of at most 4096 numbers "
-    "per sample (a readout's), larger ones once per chunk. Those steps do not evaluate the loss either "
-    "(2026-11-25: a stateless readout drops out of them; ES-D-RTRL on the LIF net, A/B alternated, "
-    "0.49–0.52× → 0.39–0.43× BPTT, not yet in the grid below). The forward pass and "
-    "`D`, `Df` still run at every step (the traces must advance); BPTT's backward pass cannot skip anything.",
-    "- ES-D-RTRL with the loss at every step: the learning signal `∂L/∂h^{t-1}` (docs/theory.md §5.8) "
-    "needs the pull-back through the step at every step, the same reverse sweep as BPTT's backward pass "
-    "(through each gate's matmul on a GRU; only the `h` columns of `[x, h]`, `ops.matmul_of_parts`). "
-    "ES-D-RTRL saves BPTT's stored residuals and its per-step weight-gradient GEMMs, not the sweep; the "
-    "0.6× target assumed the current-state signal, which issue 10 keeps only where it equals the "
-    "previous-state one (not on dense recurrence).",
+    "- The online programs run the model's step over a chunk of steps (forward, one pull-back for the "
+    "learning signal and the one-step gradients, `D` and `Df`). D-RTRL then reads and writes its trace once "
+    "per chunk and does its weight-gradient work as GEMMs over `C·B` rows (docs/theory.md §5.9), so at these "
+    "sizes it costs about what BPTT does while its memory stays flat in T. ES-D-RTRL runs inside the step "
+    "loop itself: `ε_f` advances per step, and after the loop one GEMM over `C·B` rows gives both gradient "
+    "parts (docs/theory.md §5.9, last paragraphs).",
+    "- With the loss at the last step only (`active=\"last\"`), every step but the last skips the pull-back, "
+    "does not evaluate the loss (a stateless readout drops out) and only advances the traces: ES-D-RTRL and "
+    "a small D-RTRL trace (at most 4096 numbers per sample) inside the step loop, a larger D-RTRL trace once "
+    "per chunk. The last step runs alone with its loss (2026-11-25: before, the final chunk stacked signals "
+    "that were zero but at one step; ES-D-RTRL on the LIF net 0.35× → 0.27× BPTT, on the GRU 0.31× → 0.25×, "
+    "A/B in one process). The forward pass and `D`, `Df` still run at every step (the traces must advance); "
+    "BPTT's backward pass cannot skip anything.",
     "- BPTT's temp memory grows linearly with T; the online rules' does not (the memory rows of the targets).",
-    "- Why ES-D-RTRL misses 0.6× with the loss at every step: the target is below the floor. "
-    "`benchmarks/es_floor.py` compiles ES-D-RTRL's program with the rule's own work replaced by a stand-in "
-    "that reads the chunk's signals once and runs no loop; what is left (the forward pass, the pull-back for "
-    "the signal, `D`, `Df`) costs 0.78× and 0.69× BPTT with the loss at every step (feed-forward LIF net, GRU; "
-    "H = 128, B = 16, T = 200; 2026-11-24), against 0.86× and 0.83× for the whole rule in the same run. No implementation of the rule, fused "
-    "into the step loop or not, gets under that floor; only a cheaper learning signal would, and §5.8 "
-    "replaced the current-state one because it is wrong on dense recurrence. With the loss at the last "
-    "step, where ES-D-RTRL's advance runs in the step loop, program and floor are the same (0.49× and 0.46× "
-    "on the LIF net, 0.35× and 0.30× on the GRU): the forward pass and `D`, `Df` at every step are the cost.",
+    "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6×: "
+    "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
+    "GEMM and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
+    "(the forward pass, the pull-back for `∂L^t/∂h^{t−1}`, docs/theory.md §5.8, `D`, `Df`, `ε_f`). "
+    "2026-11-25, H = 128, B = 16, T = 200, medians of 21 interleaved calls, as ratios to BPTT:",
+    "",
+    "  | model | ES-D-RTRL | without the rule's GEMM | step loop only |",
+    "  |---|---|---|---|",
+    "  | LIF (feed-forward) | 0.79 | 0.62 | 0.55 |",
+    "  | GRU | 0.78 | 0.61 | 0.56 |",
+    "  | RLIF | 0.71 | 0.55 | 0.48 |",
+    "",
+    "  The step loop alone costs 0.48–0.56× BPTT: the learning signal needs the pull-back through the step at "
+    "every step, the same reverse sweep as BPTT's backward pass. The GEMMs on top have exactly the FLOPs of "
+    "BPTT's weight-gradient GEMMs (2·T·B·K·O per weight); batched over the chunk they run faster than BPTT's "
+    "per-step ones, but on this CPU they still cost 0.15–0.25× BPTT. So ≈ 0.7× is where the rule can get "
+    "here, not 0.6×. An earlier version of this page (2026-11-24) called 0.78× / 0.69× a floor: that "
+    "floor still buffered `D`, `Df` and `G` for a chunk rule, which ES-D-RTRL no longer does (GRU "
+    "0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the machine's noise is the spread).",
+    "- Tried and reverted (2026-11-25, no gain measured): computing a feed-forward layer's input product for "
+    "a whole chunk before the step loop (one GEMM over `C·B` rows; on CPU the per-step small GEMM costs "
+    "the same), and ES-D-RTRL's in-chunk filter as a `C×C` matrix product (slower than a reverse scan).",
 ]
 
 
@@ -472,9 +476,10 @@ def merged(path: pathlib.Path, results: list, meta: dict) -> tuple[list, dict]:
     keys = ("model", "H", "B", "T", "loss")
     fresh = {tuple(e[k] for k in keys): e for e in results}
     kept = [fresh.pop(tuple(e[k] for k in keys), e) for e in saved["results"]]
-    old = saved["meta"]
-    updates = old.get("updates", []) + [{"command": meta["command"], "date": meta["date"], "configurations":
-                                         [[e[k] for k in keys] for e in results]}]
+    old, now = saved["meta"], [[e[k] for k in keys] for e in results]
+    # An earlier update whose configurations are all measured again now is superseded.
+    earlier = [u for u in old.get("updates", []) if any(c not in now for c in u["configurations"])]
+    updates = earlier + [{"command": meta["command"], "date": meta["date"], "configurations": now}]
     return kept + list(fresh.values()), {**old, "updates": updates}
 
 

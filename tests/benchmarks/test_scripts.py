@@ -64,6 +64,11 @@ def test_speed_script_merges_a_remeasured_configuration_into_its_saved_results(t
     assert data["meta"]["repeats"] == 1 and data["meta"]["updates"][0]["configurations"] == [["gru", 128, 16, 200, "last"]]
     text = out.read_text()
     assert "measured again on" in text and "--merge" in text
+    once_more = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "last", "--merge"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert once_more.returncode == 0, once_more.stderr[-2000:]
+    updates = json.loads(saved.read_text())["meta"]["updates"]
+    assert len(updates) == 1 and "--repeats 1" in updates[0]["command"]  # the earlier update is superseded
     assert "| 128 | 16 | 200 | all | esd_rtrl |" in text and "| 128 | 16 | 200 | last | esd_rtrl |" in text
     refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--merge", "--json",
                               str(tmp_path / "missing.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
