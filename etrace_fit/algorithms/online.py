@@ -7,9 +7,11 @@ linearisation of the group transitions gives ``D`` and ``Df``. None of this need
 traces, so the program runs the step over a *chunk* of ``C`` steps first, stacks each
 traced pair's canonical signals ``(C, B, ...)`` and only then hands them to the pair's
 rule, which reads and writes its traces once per chunk (§5.9) and does its
-weight-gradient GEMMs over ``C·B`` rows. Steps a caller marks inactive (their loss
-weight is zero) skip the pull-back; the traces still advance. Read ``sequence.py`` for
-the public entry point and ``d_rtrl.py`` for a rule.
+weight-gradient GEMMs over ``C·B`` rows. A rule whose traces are cheap to advance runs
+in the step loop instead (ES-D-RTRL: ``step_rows`` there, ``finish_rows`` once per
+chunk). Steps a caller marks inactive (their loss weight is zero) skip the pull-back;
+the traces still advance. Read ``sequence.py`` for the public entry point and
+``d_rtrl.py`` for a rule.
 """
 
 from __future__ import annotations
