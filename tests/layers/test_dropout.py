@@ -98,8 +98,9 @@ def test_online_rules_see_the_masks_as_data_and_match_bptt(algo):
     loss = lambda out, y: jnp.sum((out - y) ** 2)  # noqa: E731
     with brainstate.environ.context(precision=64, dt=1.0):
         rng = np.random.default_rng(0)
+        readout = np.random.default_rng(100).normal(0, 1 / np.sqrt(H), (H, O))  # not the global key: order-free
         model = ef.Sequential(L.Linear(I, H, w_init=rng.normal(0, 1.0, (I, H))), L.Dropout(0.4, seed=3),
-                              L.LIF(H, tau=4.0, v_threshold=0.5), L.Linear(H, O))
+                              L.LIF(H, tau=4.0, v_threshold=0.5), L.Linear(H, O, w_init=readout))
         brainstate.nn.init_all_states(model, batch_size=B)
         xs = jnp.asarray(rng.random((T, B, I)))
         ys = jnp.asarray(rng.normal(size=(T, B, O)))
