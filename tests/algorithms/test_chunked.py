@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+from _per_step import PerStep
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -24,25 +25,6 @@ from etrace_fit.algorithms.d_rtrl import DRTRL
 
 from ._helpers import B, I, N, O, T, Case, MODELS, assert_grads_match, lin, mse, reference_bptt, to_host
 from .test_user_neurons import NEURONS
-
-
-class PerStep:
-    """``rule`` without its ``chunk``: the engine scans its per-step ``step``."""
-
-    def __init__(self, rule):
-        self.rule, self.name = rule, rule.name
-
-    def init_traces(self, pair, batch, dtype):
-        return self.rule.init_traces(pair, batch, dtype)
-
-    def step(self, traces, signals, t):
-        return self.rule.step(traces, signals, t)
-
-    def trace_bytes(self, pair, batch, itemsize):
-        return self.rule.trace_bytes(pair, batch, itemsize)
-
-    def trace_norm(self, traces, t):
-        return self.rule.trace_norm(traces, t)
 
 
 def _program_grads(case, algo, chunk, per_step=False):

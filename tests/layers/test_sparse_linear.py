@@ -4,6 +4,7 @@ nonzeros (etrace_fit/algorithms/d_rtrl.py): gradients against BPTT through the l
 
 from __future__ import annotations
 
+from _per_step import PerStep
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -177,30 +178,6 @@ def test_a_sparse_weights_program_holds_less_memory_than_a_dense_ones():
     assert sizes["sparse"][1] < 0.5 * sizes["dense"][1], sizes
 
 
-class _PerStep:
-    """D-RTRL without its ``chunk`` (fitted to its pair): the engine scans ``rule.step``."""
-
-    name = "d_rtrl"
-
-    def __init__(self, rule):
-        self.rule = rule
-
-    def for_pair(self, pair):
-        return _PerStep(self.rule.for_pair(pair))
-
-    def init_traces(self, pair, batch, dtype):
-        return self.rule.init_traces(pair, batch, dtype)
-
-    def step(self, traces, signals, t):
-        return self.rule.step(traces, signals, t)
-
-    def trace_bytes(self, pair, batch, itemsize):
-        return self.rule.trace_bytes(pair, batch, itemsize)
-
-    def trace_norm(self, traces, t):
-        return self.rule.trace_norm(traces, t)
-
-
 def test_the_per_step_sparse_recursion_equals_bptt_too():
     """``DRTRL.step`` on the sparse layout (the engine scans it for a rule without a
     chunk) gives BPTT's gradient, as the chunk does."""
@@ -211,7 +188,7 @@ def test_the_per_step_sparse_recursion_equals_bptt_too():
         loss = lambda out, y: jnp.sum((out - y) ** 2)  # noqa: E731
         brainstate.nn.reset_all_states(model, batch_size=B)
         graph, plan = ef.algorithms.plan_for(model, xs, ys, loss, algo="d_rtrl")
-        program = build_online(graph, plan.pairs, tuple(_PerStep(r) for r in plan.rules), loss,
+        program = build_online(graph, plan.pairs, tuple(PerStep(r) for r in plan.rules), loss,
                                trace_dtype=plan.trace_dtype)
         weights = [leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)]
         init = program.init_traces(B)
