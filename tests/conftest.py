@@ -4,9 +4,19 @@
 """
 
 import gc
+import os
 
-import jax
-import pytest
+# The suite compiles thousands of small programs and runs most of them for a few steps:
+# LLVM's optimisation of the generated code is a fifth to a quarter of its time. Its
+# processes (this one, and the training runs, scripts and multi-device runs the tests
+# start, which inherit the variable) compile at -O0. The HLO, the numerics (no fast math
+# either way) and the buffers are the same; only the machine code is slower. A test that
+# trains for long removes the flag from its process's variable (the demo's accuracy test).
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 
 def pytest_addoption(parser):

@@ -63,9 +63,10 @@ SCRIPT = textwrap.dedent("""
 # epoch). Per epoch the writers call fsync 5 times (CSV row 1, checkpoint file and folder
 # 2, backup 2) and replace 4 times (checkpoint 1, backup 1 + rotation 2).
 _rng = np.random.default_rng(2026)
-TRIALS = ([("fsync", int(n)) for n in _rng.choice(np.arange(1, 5 * EPOCHS), 5, replace=False)]
-          + [("replace", int(n)) for n in _rng.choice(np.arange(1, 4 * EPOCHS), 4, replace=False)]
+TRIALS = ([("fsync", int(n)) for n in _rng.choice(np.arange(1, 5 * EPOCHS), 4, replace=False)]
+          + [("replace", int(n)) for n in _rng.choice(np.arange(1, 4 * EPOCHS), 3, replace=False)]
           + [("batch", int(n)) for n in _rng.choice(np.arange(1, 3 * EPOCHS), 3, replace=False)])
+assert len(TRIALS) >= 10  # issue 13: at least ten kills
 
 
 def _run(script, folder, mode, kind="none", count=0, order="backup_last"):
