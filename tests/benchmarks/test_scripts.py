@@ -26,32 +26,24 @@ def test_benchmark_script_runs(args):
 
 
 @pytest.mark.slow
-def test_speed_script_writes_docs(tmp_path):
-    out = tmp_path / "performance.md"
-    args = ["benchmarks/speed.py", "--quick", "--repeats", "1", "--models", "gru", "--loss", "all", "last",
-            "--out", str(out), "--write-docs"]
-    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    text = out.read_text()
-    assert "## Targets" in text and "| target | model | measured | cpu ratio | result |" in text
-    for rule in ("bptt", "d_rtrl", "esd_rtrl"):
-        for loss in ("all", "last"):
-            assert f"| 128 | 16 | 200 | {loss} | {rule} |" in text
-
-
-@pytest.mark.slow
-def test_speed_script_merges_a_remeasured_configuration_into_its_saved_results(tmp_path):
-    """``--merge``: the configurations measured now replace theirs in the saved JSON, the
+def test_speed_script_writes_docs_and_merges_a_remeasured_configuration(tmp_path):
+    """The script writes the Markdown (targets and every rule's row) and its JSON;
+    ``--merge``: the configurations measured now replace theirs in the saved JSON, the
     others stay, and the Markdown names the re-measurement; without a saved file it
     refuses before measuring anything."""
     import json
 
-    saved, out = tmp_path / "speed.json", tmp_path / "performance.md"
+    saved, first_out, out = tmp_path / "speed.json", tmp_path / "first.md", tmp_path / "performance.md"
     base = ["benchmarks/speed.py", "--quick", "--models", "gru", "--json", str(saved)]
-    first = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "all", "last"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    first = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "all", "last",
+                            "--write-docs", "--out", str(first_out)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
+    text = first_out.read_text()
+    assert "## Targets" in text and "| target | model | measured | cpu ratio | result |" in text
+    for rule in ("bptt", "d_rtrl", "esd_rtrl"):
+        for loss in ("all", "last"):
+            assert f"| 128 | 16 | 200 | {loss} | {rule} |" in text
     before = {e["loss"]: e for e in json.loads(saved.read_text())["results"]}
     again = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "2", "--loss", "last", "--merge",
                             "--write-docs", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -139,3 +131,44 @@ def test_sparse_script_compares_memory_with_the_dense_layer():
     assert result.returncode == 0, result.stderr[-2000:]
     row = next(line for line in result.stdout.splitlines() if line.startswith("| sparse 0.1 |"))
     assert float(row.split("|")[4]) < 0.2  # trace / dense
+
+
+def _speed_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speed_script", ROOT / "benchmarks" / "speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_temp_ratio_across_two_runs_is_not_read_as_a_result(tmp_path):
+    """A ``--merge`` that re-measures T = 200 but not T = 2000 (or the other way round)
+    leaves the temp target of that pair unjudged: the two temps may come from different
+    code. Measured together again, the pair is judged."""
+    import json
+
+    speed = _speed_script()
+
+    def entry(steps, temp):
+        rules = {rule: {"temp": temp, "wall_ratio": 0.5, "cpu_ratio": 0.5, "chunk": 25} for rule in speed.RULES}
+        return {"model": "gru", "H": 128, "B": 16, "T": steps, "loss": "last", "repeats": 1, "rules": rules}
+
+    def verdicts(results):
+        rows = [line for line in speed.targets_table(results)
+                if "T=200 (loss last) | gru |" in line and "BPTT" not in line]
+        assert len(rows) == 2, rows  # D-RTRL and ES-D-RTRL
+        return {row.rsplit("|", 2)[1].strip() for row in rows}
+
+    saved = tmp_path / "speed.json"
+    saved.write_text(json.dumps({"meta": {"command": "grid", "date": "d0"},
+                                 "results": [entry(200, 100), entry(2000, 100)]}))
+    assert verdicts(json.loads(saved.read_text())["results"]) == {"PASS"}
+    # T = 200 measured again alone (its temp fell): 100 against 50 is no result
+    results, meta = speed.merged(saved, [entry(200, 50)], {"command": "again", "date": "d1"})
+    assert {e["T"]: e.get("run") for e in results} == {200: "again", 2000: None}
+    assert verdicts(results) == {"not compared: T=200 and T=2000 come from different runs; re-measure both "
+                                 "with --merge"}
+    saved.write_text(json.dumps({"meta": meta, "results": results}))
+    results, _ = speed.merged(saved, [entry(200, 50), entry(2000, 80)], {"command": "both", "date": "d2"})
+    assert verdicts(results) == {"MISS"}  # 80 / 50: judged, one run measured both
