@@ -21,15 +21,11 @@ import etrace_fit as ef  # noqa: E402
 from etrace_fit import layers  # noqa: E402
 from etrace_fit.errors import ConfigError  # noqa: E402
 
+from _combos import COMBOS  # noqa: E402  (this script's folder is on sys.path)
+
 jax.config.update("jax_enable_x64", True)
 warnings.simplefilter("ignore")
 assert jax.device_count() == 4, jax.devices()
-
-#: Every rule on the GRU; each other model under the rules its data-parallel point needs
-#: (ALIF: D-RTRL's two-state traces split over the batch; dropout: the masks of one key;
-#: batch norm: the statistics of the whole batch, through BPTT's backward pass and a rule's).
-COMBOS = (("gru", "bptt"), ("gru", "d_rtrl"), ("gru", "esd_rtrl"), ("alif", "d_rtrl"), ("dropout", "d_rtrl"),
-          ("batchnorm", "bptt"), ("batchnorm", "esd_rtrl"))
 
 
 def gru():

@@ -19,6 +19,8 @@ import etrace_fit as ef
 from etrace_fit import distributed, layers
 from etrace_fit.errors import CheckpointError, ConfigError
 
+from ._combos import COMBOS
+
 WORKER = pathlib.Path(__file__).with_name("_four_devices.py")
 
 
@@ -30,10 +32,6 @@ def runs():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-#: as in _four_devices.COMBOS: every rule on the GRU, each other model under the rules
-#: its data-parallel point needs.
-COMBOS = [("gru", "bptt"), ("gru", "d_rtrl"), ("gru", "esd_rtrl"), ("alif", "d_rtrl"), ("dropout", "d_rtrl"),
-          ("batchnorm", "bptt"), ("batchnorm", "esd_rtrl")]
 
 
 @pytest.mark.parametrize("model, algo", COMBOS)
