@@ -7,15 +7,13 @@ one canonical form so a rule is written once:
     X  (B, P, K)        the op's input per position (conv: patches; elementwise: ones),
                         with a column of ones appended when the op has a bias
     D  (B, P, O, S, S)  the group's per-unit Jacobian ∂h^t/∂h^{t-1} (with a readout
-                        memory, ``readout.py``, one more state ``ē`` per unit)
+                        memory, ``readout.py``, or under e-prop, ``eprop.py``, one
+                        more state ``ē`` per unit)
     Df (B, P, O, S)     ∂h^t/∂y^t per unit
     G  (B, P, O, S)     the learning signal ∂L^t/∂h^{t-1} (docs/theory.md §5.8)
     dY (B, P, O)        ∂L^t/∂y^t, the op output's gradient over every path of step t
                         (dense and conv pairs; None for elementwise ones and for a
                         relation's second pair)
-    psi (B, P, O, S)    only under a signal replacement (e-prop, ``eprop.py``): the
-                        readout input's derivative ∂z^t/∂h^t per unit; ``G`` is then
-                        the readout's learning signal per unit ``(B, P, O)``
 
 and a rule returns the step's gradient with respect to the *effective* weight ``(K, O)``
 (the op's weight after its weight function, with the bias as row ``K-1``): the exact
@@ -49,7 +47,6 @@ class PairSignals(NamedTuple):
     Df: jax.Array
     G: jax.Array
     dY: jax.Array | None = None
-    psi: jax.Array | None = None
 
 
 def split_states(signals: PairSignals) -> PairSignals:

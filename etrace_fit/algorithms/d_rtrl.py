@@ -15,6 +15,7 @@ weight ``(k_n, o_n)``, memory ``B·P·N·S``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jax
@@ -81,9 +82,10 @@ class DRTRL:
         self.entries = entries  # (k, o) of those nonzeros, once fitted to a pair (for_pair)
 
     def _replace(self, **changes) -> "DRTRL":
-        options = dict(sharded=self.sharded, zeros=self.zeros, stepwise=self.stepwise, sparse=self.sparse,
-                       entries=self.entries)
-        return DRTRL(**{**options, **changes})
+        """A copy with ``changes`` (of the same class: a subclass keeps its own fields)."""
+        rule = copy.copy(self)
+        vars(rule).update(changes)
+        return rule
 
     def for_sharding(self) -> "DRTRL":
         """This rule for traces split over devices along the batch."""
@@ -112,7 +114,11 @@ class DRTRL:
         """Trace numbers per sample."""
         entries = self._entries(pair)
         weights = pair.patch * pair.outputs if entries is None else len(entries[0])
-        return pair.positions * weights * pair.num_states
+        return pair.positions * weights * self._states(pair)
+
+    def _states(self, pair: TracedPair) -> int:
+        """``S``: trace states per unit (the pair's; e-prop's rule adds its ``ē``)."""
+        return pair.num_states
 
     @property
     def advance_step(self):
@@ -139,8 +145,8 @@ class DRTRL:
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> jax.Array:
         entries = self._entries(pair)
         if entries is not None:
-            return jnp.zeros((batch, pair.positions, pair.num_states, len(entries[0])), dtype)
-        return jnp.zeros((batch, pair.positions, pair.num_states, pair.patch, pair.outputs), dtype)
+            return jnp.zeros((batch, pair.positions, self._states(pair), len(entries[0])), dtype)
+        return jnp.zeros((batch, pair.positions, self._states(pair), pair.patch, pair.outputs), dtype)
 
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
         return batch * self._numbers(pair) * itemsize

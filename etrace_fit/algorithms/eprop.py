@@ -33,14 +33,12 @@ import math
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 from ..compiler import ETraceGraph, format_path
 from ..errors import ConfigError
 from ..ops import etp_op_info
-from .base import PairSignals, TracedPair, traced_pairs
-from .d_rtrl import DRTRL, advance_trace
+from .base import TracedPair, traced_pairs
+from .d_rtrl import DRTRL
 from .readout import dense_readouts, groups_reaching, readout_decay, reading_is_elementwise
 
 __all__ = ["EProp", "EPropRule", "Feedback", "parse_eprop"]
@@ -66,46 +64,38 @@ class Feedback:
     kappa: float
 
 
-class EPropRule:
-    """The trace rule of e-prop's weights (see the module docstring): the D-RTRL trace
-    ``ε`` (``(B, P, S, K, O)``) and its filtered eligibility ``ē`` (``(B, P, K, O)``).
-    Its signals carry ``G = L`` (``(B, P, O)``, the learning signal per unit) and ``psi``
-    (``(B, P, O, S)``); ``dY`` is not used (the instantaneous part is in ``ē``)."""
+class EPropRule(DRTRL):
+    """The trace rule of e-prop's weights (see the module docstring): D-RTRL over the
+    layer's states and one more state per unit, the filtered eligibility ``ē``. With
+    ``ψ = ∂z^t/∂h^t``,
+
+        ē^t = κ ē^{t−1} + ψ^t·ε^t = (ψ^t D^t) ε^{t−1} + κ ē^{t−1} + (ψ^t Df^t) x^t
+
+    is linear in the trace like the states' own recursion, and ``Σ L^t ē^t`` is the
+    D-RTRL gradient with the signal ``G = (L ψD, κL)`` on ``(ε^{t−1}, ē^{t−1})`` and the
+    one-step part ``dY = L ψDf`` (the step program builds these signals; the readout
+    memory of docs/theory.md §5.10 has the same form with another signal). So e-prop
+    runs on D-RTRL's exact chunk (§5.9) instead of a loop that read and wrote its
+    ``(B, P, S+1, K, O)`` traces at every step (the demo's model: 200 → 33 ms a batch).
+    Traces ``(B, P, S+1, K, O)``, ``ē`` the last state."""
 
     name = "eprop"
 
-    def __init__(self, kappa: float):
+    def __init__(self, kappa: float, **options):
+        super().__init__(**{"sparse": False, **options})
         self.kappa = float(kappa)
 
-    def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
-        return (DRTRL(sparse=False).init_traces(pair, batch, dtype),
-                jnp.zeros((batch, pair.positions, pair.patch, pair.outputs), dtype))
+    def _states(self, pair: TracedPair) -> int:
+        return pair.num_states + 1
 
-    def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
-        return DRTRL(sparse=False).trace_bytes(pair, batch, itemsize) + batch * pair.positions * pair.patch * pair.outputs * itemsize
-
-    def _advance(self, traces, signals: PairSignals):
-        eps, filtered = traces
-        eps = advance_trace(eps, signals.X, signals.D, signals.Df)
-        psi = signals.psi
-        eligibility = sum(psi[:, :, None, :, s] * eps[:, :, s] for s in range(eps.shape[2]))  # Σ_s ψ_s ε_s
-        return eps, (self.kappa * filtered + eligibility).astype(filtered.dtype)
-
-    def step(self, traces, signals: PairSignals, t: jax.Array):
-        eps, filtered = self._advance(traces, signals)
-        return jnp.einsum("bpo,bpko->ko", signals.G, filtered), (eps, filtered)
-
-    def advance(self, traces, signals: PairSignals, t0: jax.Array):
-        """The traces after a chunk without learning signal (``G`` is ``None``)."""
-        def body(traces, signals_t):
-            return self._advance(traces, PairSignals(*signals_t)), None
-
-        return lax.scan(body, traces, tuple(signals))[0]
+    def for_pair(self, pair: TracedPair) -> "EPropRule":
+        """D-RTRL's :meth:`~DRTRL.for_pair`, told that no state depends on ``ē``."""
+        last = self._states(pair) - 1
+        return super().for_pair(pair)._replace(zeros=frozenset((s, last) for s in range(last)))
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
-        filtered = traces[1]
-        squares = jnp.square(filtered.astype(jnp.promote_types(filtered.dtype, jnp.float32)))
-        return jnp.sqrt(squares.reshape(squares.shape[0], -1).sum(axis=1))
+        """The norm of the filtered eligibility ``ē`` per sample."""
+        return super().trace_norm(traces[:, :, -1:], t)
 
     def __repr__(self) -> str:
         return f"EPropRule(kappa={self.kappa:g})"

@@ -25,7 +25,8 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
-from etrace_fit.algorithms import EProp
+from etrace_fit.algorithms import EProp, d_rtrl
+from etrace_fit.algorithms.online import build_online
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError
 
@@ -179,6 +180,47 @@ def test_a_loss_at_the_last_step_only_matches_the_published_update():
         full = published_eprop(model, xs, ys, "alif", kappa)
         head = published_eprop(model, xs[:-1], ys[:-1], "alif", kappa)
         np.testing.assert_allclose(np.asarray(layer["weight"]), full["W"] - head["W"], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("placement, advance", [("all", "per_chunk"), ("last", "in_the_step_loop"),
+                                                ("last", "per_chunk")])
+def test_over_chunks_it_is_still_the_published_update(placement, advance, monkeypatch):
+    """e-prop runs on D-RTRL's chunk, its ē one more trace state (``EPropRule``): over
+    chunks of 4 (T = 14: three, then a last chunk of 2), with the error at every step or
+    (``active="last"``, the Trainer's ``loss_on="last"``) at the last step only, the
+    traces of the steps without loss advanced in the step loop or once per chunk, the
+    update is still the published one."""
+    if advance == "per_chunk":
+        monkeypatch.setattr(d_rtrl, "STEPWISE_NUMBERS", 0)
+
+    def masked_loss(out, target):
+        return jnp.sum(target[1] * (out - target[0]) ** 2)
+
+    with env():
+        model, (xs, ys) = build("alif"), data()
+        kappa = math.exp(-1 / TAU_OUT)
+        mask = np.zeros((T, 1, 1)) if placement == "last" else np.ones((T, 1, 1))
+        mask[-1] = 1.0
+        want = published_eprop(model, xs, ys, "alif", kappa)
+        if placement == "last":
+            head = published_eprop(model, xs[:-1], ys[:-1], "alif", kappa)
+            want = {key: want[key] - head[key] for key in want}
+        targets = (ys, jnp.broadcast_to(jnp.asarray(mask), ys.shape))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            graph, plan = ef.algorithms.plan_for(model, xs, targets, masked_loss, algo="eprop")
+        program = build_online(graph, plan.pairs, plan.rules, masked_loss, trace_dtype=plan.trace_dtype, chunk=4,
+                               feedback=plan.feedback)
+        assert program.init_traces(B).traces[0].shape == (B, 1, 3, N_IN + N + 1, N)  # v, a and ē
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        active = "last" if placement == "last" else None
+        grads = jax.jit(lambda w, s, x, t: program.run(w, s, x, t, active=active))(
+            weights, module.state_leaves(), [xs], targets)[0]
+    by_path = {s.path: jax.tree.unflatten(jax.tree.structure(s.state.value), grads[n:n + len(s.in_vars)])
+               for n, s in zip(np.cumsum([0] + [len(s.in_vars) for s in module.weights]), module.weights)}
+    (_, layer), (_, head) = sorted(by_path.items(), key=lambda item: str(item[0]))
+    check({"W": layer["weight"], "b": layer["bias"], "W_out": head["weight"], "b_out": head["bias"]}, want, 1e-9)
 
 
 def test_report_names_the_rule_and_why_it_is_approximate():
