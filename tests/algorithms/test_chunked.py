@@ -105,12 +105,19 @@ def test_chunk_size_is_automatic_and_bounded():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
         _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
     pairs, rules = plan.pairs, plan.rules
-    assert chunk_size(pairs, rules, B, 8, 4096) == DEFAULT_CHUNK
+    assert DEFAULT_CHUNK == 100
+    assert chunk_size(pairs, rules, B, 8, 4099) == DEFAULT_CHUNK  # a prime: a shorter last chunk
     assert chunk_size(pairs, rules, B, 8, 5) == 5
-    assert chunk_size(pairs, rules, B, 8, 200) == 25 and chunk_size(pairs, rules, B, 8, 2000) == 25  # divisors
-    assert chunk_size(pairs, rules, B, 8, 229) == DEFAULT_CHUNK  # a prime: a shorter last chunk
+    # lengths with a divisor down to half the cap: no shorter last chunk; multiples of
+    # 100 share one chunk, so the same memory
+    assert chunk_size(pairs, rules, B, 8, 200) == 100 and chunk_size(pairs, rules, B, 8, 2000) == 100
+    assert chunk_size(pairs, rules, B, 8, 4096) == 64
     assert chunk_size(pairs, rules, B, 8, 10_000, requested=3) == 3
-    assert chunk_size(pairs, rules, 10**7, 8, 4096) < DEFAULT_CHUNK  # a huge batch: shorter chunks
+    # The chunk's buffers (here 45 numbers of 8 bytes per sample and step) are capped at
+    # 16 MiB while the traces are smaller: 600 samples fit 50 steps, not 100.
+    assert 100 * 600 * 45 * 8 > 16 * 2**20 >= 50 * 600 * 45 * 8
+    assert chunk_size(pairs, rules, 600, 8, 4099) == 50
+    assert chunk_size(pairs, rules, 10**7, 8, 4099) < DEFAULT_CHUNK  # a huge batch: shorter chunks
 
 
 @pytest.mark.parametrize("every", [1, 5, 7, 30, 45])

@@ -174,8 +174,11 @@ def test_a_sparse_weights_program_holds_less_memory_than_a_dense_ones():
             compiled = jax.jit(lambda w, s, x, y: program.run(w, s, x, y)).lower(
                 weights, graph.module.state_leaves(), [xs], ys).compile()
             sizes[name] = (plan.trace_bytes(8)[0], compiled.memory_analysis().temp_size_in_bytes)
-    assert sizes["sparse"][0] < 0.15 * sizes["dense"][0]
-    assert sizes["sparse"][1] < 0.5 * sizes["dense"][1], sizes
+    (sparse_trace, sparse_temp), (dense_trace, dense_temp) = sizes["sparse"], sizes["dense"]
+    assert sparse_trace < 0.15 * dense_trace
+    # The chunk's other buffers (inputs, signals) are the same for both: the sparse
+    # program saves at least what its trace saves.
+    assert dense_temp - sparse_temp >= dense_trace - sparse_trace, sizes
 
 
 def test_the_per_step_sparse_recursion_equals_bptt_too():
