@@ -312,11 +312,33 @@ READING = [
     "that were zero but at one step; ES-D-RTRL on the LIF net 0.35× → 0.27× BPTT, on the GRU 0.31× → 0.25×, "
     "A/B in one process). The forward pass and `D`, `Df` still run at every step (the traces must advance); "
     "BPTT's backward pass cannot skip anything.",
+    "- Chunks of up to 100 steps (2026-11-25; 25 before, as the chunk column of the rows not measured again "
+    "shows), capped by 16 MiB of chunk buffers: each chunk pays fixed work (the trace's passes, the loop's "
+    "start, GEMMs with a short inner dimension), so longer chunks win while the buffers stay cache-sized "
+    "(docs/theory.md §5.9). H = 128, B = 16, T = 200, loss at every step, chunks of 100 against 25 in one "
+    "process: D-RTRL 1.12 → 0.92× BPTT (GRU), 1.31 → 1.06× (RLIF), 1.34 → 1.13× (LIF); ES-D-RTRL "
+    "0.85 → 0.73×, 0.85 → 0.75×, 0.95 → 0.89×. In the same change `D` and `Df` came to be computed by one "
+    "forward-mode pass per direction instead of one vmapped pass over stacked one-hot tangents, which XLA "
+    "had folded into constant arrays read from memory at every step (ES-D-RTRL on the demo's model 20–21 → "
+    "17.5 ms a batch).",
+    "- The rows measured on 2026-11-25 evening come from another machine than the rest of the grid "
+    "(2 cores as well): its BPTT runs about twice as fast (GRU, T = 200: 25 ms against 48 ms), the online "
+    "programs gain less, and at chunks of 25 the ratios there were D-RTRL 1.05 / 1.41 / 1.30 and ES-D-RTRL "
+    "0.84 / 0.99 / 0.87 (GRU / RLIF / LIF) where the older rows read 1.02 / 0.89 / 0.93 and 0.74 / 0.64 / "
+    "0.69. Compare ratios within a row, not across rows from different runs.",
     "- BPTT's temp memory grows linearly with T; the online rules' does not (the memory rows of the targets). "
     "With the loss at the last step, 4 bytes per step do grow (0.1–4 % here, 7.6 KiB at T = 2000): the per-step "
     "losses the program returns, joined from the chunks' pieces. (Before 2026-11-25 this table showed temp ratios "
     "of 1.1–7 for the loss at the last step: T = 200 had been measured again after a change, T = 2000 not. "
     "`--merge` now names each re-measured entry's run, and a pair from two runs is not judged.)",
+    "- D-RTRL's MISS on the temp memory with the loss at the last step (T = 2000 against T = 200) is a "
+    "step at T = 200, not growth: the steps before the last run in chunks of 100, and T = 200 has 199 "
+    "of them, one chunk and a shorter one, where XLA drops the loop over chunks and its buffers. From "
+    "T = 300 on the memory is flat but for the 4-byte loss per step (compiled 2026-11-25, bytes): GRU "
+    "16 577 600 at T = 200, then 19 740 864 / 19 747 712 / 19 755 712 at T = 300 / 2000 / 4000; RLIF "
+    "9 114 264, then 10 687 704 / 10 694 552 / 10 702 616; LIF 6 599 320, then 7 130 200 / 7 133 400 / "
+    "7 134 040. The \"per step\" figures under the targets divide that step by 1800 steps. With chunks "
+    "of 25 both lengths had a loop (1.000–1.036).",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6×: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMM and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
@@ -356,7 +378,8 @@ def demo_section() -> list[str]:
     return ["## The demo", "",
             "`etrace-fit train` with its defaults (hybrid: D-RTRL on both weights of the ALIF network, exact "
             "for it: the readout's memory is one more trace state per ALIF unit, docs/theory.md §5.10; loss at "
-            "the last of 230 steps) against `--algo bptt`, each seed trained from scratch, algos interleaved; "
+            "the last of 230 steps) against `--algo bptt` (and `--algo eprop`, the baseline users compare with), "
+            "each seed trained from scratch, algos interleaved; "
             f"`{saved['meta']['command']}` on {saved['meta']['date']}:", "", *table(saved["results"]), "",
             "History of this table: before the readout memory (2026-11-23) hybrid gave 0.932 (0.930–0.943) in "
             "15.9 s, 0.98× BPTT's time, its traces missing the readout's memory of earlier spikes (D-RTRL "
@@ -373,7 +396,12 @@ def demo_section() -> list[str]:
             "noisy machine). The online run's memory stays flat in T (the grid above). The table now shows "
             "the run of 2026-11-25 afternoon, after the last step of a `loss_on=\"last\"` sequence began to run "
             "alone: 0.982 in 22.4 s against BPTT's 0.980 in 22.3 s, the same time within noise (both runs "
-            "took ~30 % longer than that morning's 16.7 / 17.0 s: a busier machine)."]
+            "took ~30 % longer than that morning's 16.7 / 17.0 s: a busier machine). The table above is from "
+            "2026-11-25 evening on another machine of the same kind (2 cores), where BPTT's step is faster "
+            "(24–25 ms a batch, the run 14.4 s) and the online step is not (34 ms): hybrid 1.39× BPTT's time "
+            "there, the same program. e-prop now runs on D-RTRL's chunk, its filtered eligibility one more "
+            "trace state (docs/algorithms.md, e-prop): 33 ms a batch instead of 200, the run 20.4 s instead "
+            "of 97.9 s (6.8× BPTT's, measured that evening before the change)."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
