@@ -31,6 +31,7 @@ from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError
 
 from ._helpers import rand, reference_bptt
+from _per_step import PerStep
 
 B, T, N_IN, N = 3, 14, 4, 6
 TAU, TAU_OUT, TAU_A, BETA = 8.0, 5.0, 30.0, 0.4
@@ -221,6 +222,35 @@ def test_over_chunks_it_is_still_the_published_update(placement, advance, monkey
                for n, s in zip(np.cumsum([0] + [len(s.in_vars) for s in module.weights]), module.weights)}
     (_, layer), (_, head) = sorted(by_path.items(), key=lambda item: str(item[0]))
     check({"W": layer["weight"], "b": layer["bias"], "W_out": head["weight"], "b_out": head["bias"]}, want, 1e-9)
+
+
+@pytest.mark.parametrize("every", [5, 7])
+def test_updates_inside_the_sequence_over_chunks_equal_the_per_step_rule(every):
+    """``update_every`` (the optimizer inside the scan: traces carry across updates)
+    with chunks of 4 gives the weights of the rule's per-step form (D-RTRL's ``step``
+    over the ε and ē states), for windows that chunks do and do not divide."""
+    with env():
+        model, (xs, ys) = build("alif"), data()
+        results = []
+        for chunk, per_step in ((1, True), (4, False)):
+            brainstate.nn.reset_all_states(model, batch_size=B)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ef.ApproximationWarning)
+                graph, plan = ef.algorithms.plan_for(model, xs, ys, loss, algo="eprop")
+            rules = tuple(PerStep(r) for r in plan.rules) if per_step else plan.rules
+            program = build_online(graph, plan.pairs, rules, loss, trace_dtype=plan.trace_dtype, chunk=chunk,
+                                   feedback=plan.feedback)
+            module = graph.module
+            weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+            optimizer = optax.sgd(0.05)
+            run = jax.jit(lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, every))
+            new, _, losses, _ = run(weights, module.state_leaves(), [xs], ys, optimizer.init(weights))
+            results.append(([np.asarray(w) for w in new], np.asarray(losses)))
+    (ref, ref_losses), (got, got_losses) = results
+    assert any(float(np.max(np.abs(w - np.asarray(w0)))) > 1e-6 for w, w0 in zip(ref, weights))
+    np.testing.assert_allclose(got_losses, ref_losses, rtol=1e-10)
+    for w, r in zip(got, ref):
+        np.testing.assert_allclose(w, r, rtol=1e-10, atol=1e-12)
 
 
 def test_report_names_the_rule_and_why_it_is_approximate():
