@@ -313,9 +313,10 @@ READING = [
     "A/B in one process). The forward pass and `D`, `Df` still run at every step (the traces must advance); "
     "BPTT's backward pass cannot skip anything.",
     "- Chunks of up to 100 steps (2026-11-25; 25 before, as the chunk column of the rows not measured again "
-    "shows), capped by 16 MiB of chunk buffers: each chunk pays fixed work (the trace's passes, the loop's "
-    "start, GEMMs with a short inner dimension), so longer chunks win while the buffers stay cache-sized "
-    "(docs/theory.md §5.9). H = 128, B = 16, T = 200, loss at every step, chunks of 100 against 25 in one "
+    "shows) while their buffers take at most 16 MiB or the traces' size, never shorter than the 32 steps "
+    "within 64 MiB of before: each chunk pays fixed work (the trace's passes, the loop's start, GEMMs with a "
+    "short inner dimension), so longer chunks win (docs/theory.md §5.9; the demo's three-state ALIF is the "
+    "case that lost, hence the 16 MiB). H = 128, B = 16, T = 200, loss at every step, chunks of 100 against 25 in one "
     "process: D-RTRL 1.12 → 0.92× BPTT (GRU), 1.31 → 1.06× (RLIF), 1.34 → 1.13× (LIF); ES-D-RTRL "
     "0.85 → 0.73×, 0.85 → 0.75×, 0.95 → 0.89×. In the same change `D` and `Df` came to be computed by one "
     "forward-mode pass per direction instead of one vmapped pass over stacked one-hot tangents, which XLA "

@@ -34,19 +34,25 @@ from .readout import new_state_vars, readout_memory
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
-#: Steps per chunk when the caller does not choose (the trace is read and written once
-#: per chunk; the chunk's signals are kept meanwhile), before the buffer cap below.
-#: Sequence lengths that are multiples of 100 steps (100 ms at dt = 1 ms) share it, and
-#: so the same memory.
+#: Steps per chunk when the caller does not choose and the chunk's buffers are small
+#: (the trace is read and written once per chunk; the chunk's signals are kept
+#: meanwhile). Sequence lengths that are multiples of 100 steps (100 ms at dt = 1 ms)
+#: share it, and so the same memory.
 DEFAULT_CHUNK = 100
-# Chunk buffers may take this many bytes (or the traces' size, if larger) before the
-# chunk is shortened. Fewer, longer chunks pay the per-chunk work (the trace's passes,
-# the loop's start) less often: H = 128, B = 16, T = 200, chunks of 100 instead of 25,
-# D-RTRL 1.12 → 0.92× BPTT on the GRU, 1.31 → 1.06× on the RLIF net, ES-D-RTRL
-# 0.85 → 0.73× / 0.85 → 0.75×. Past a cache-sized buffer longer chunks lose: the
-# demo's ALIF (0.5 MB of signals per step) 34 ms a batch in chunks of 23, 35 in 46,
-# 46 in 115 (measured 2026-11-25, 2 cores with 2 MiB L2 each).
+# The chunk is the longer of two (chunk_size): up to DEFAULT_CHUNK steps whose buffers
+# take at most _CHUNK_BUFFER_BYTES (or the traces' size, if larger), and up to
+# _BASE_CHUNK steps within _BASE_BUFFER_BYTES (or the traces' size). Fewer, longer
+# chunks pay the per-chunk work (the trace's passes, the loop's start, GEMMs with a
+# short inner dimension) less often; measured 2026-11-25 (2 cores), chunks of 100 or 50
+# against 25: GRU H = 128, B = 16, T = 200, D-RTRL 1.12 → 0.92× BPTT, ES-D-RTRL 0.85 →
+# 0.73×; RLIF 1.31 → 1.06× and 0.85 → 0.75×; H = 512, B = 64, D-RTRL 1.93 → 1.55×
+# (chunks of 50). One case lost with longer chunks of larger buffers: the demo's ALIF
+# (three trace states, 0.5 MB of signals per step, loss at the last step), 37–39 ms a
+# batch in chunks of 23 against 47 in chunks of 100, hence the 16 MiB; and large
+# batches, whose 16 MiB would hold a few steps only, keep the chunks of 32 steps within
+# 64 MiB they ran well with before.
 _CHUNK_BUFFER_BYTES = 16 * 1024**2
+_BASE_CHUNK, _BASE_BUFFER_BYTES = 32, 64 * 1024**2
 
 
 class Collected(NamedTuple):
@@ -567,18 +573,22 @@ def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array)
 
 
 def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None) -> int:
-    """Steps per chunk: ``requested``, else :data:`DEFAULT_CHUNK`, halved while the
-    chunk's stacked signals would take more than the traces (or 16 MiB), at most the
+    """Steps per chunk: ``requested``, else the longer of :data:`DEFAULT_CHUNK` steps
+    halved while the chunk's stacked signals would take more than the traces (or
+    16 MiB) and 32 steps halved likewise against the traces (or 64 MiB); at most the
     sequence length, and lowered (by at most half) to a divisor of it when one exists."""
     if requested is not None:
         return max(1, min(int(requested), length))
     per_step = sum(batch * p.positions * (p.patch + p.outputs * (p.num_states ** 2 + 3 * p.num_states + 1))
                    for p in pairs) * itemsize
     traces = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
-    allowed = max(traces, _CHUNK_BUFFER_BYTES)
-    size = DEFAULT_CHUNK
-    while size > 1 and size * per_step > allowed:
-        size //= 2
+
+    def longest(size: int, budget: int) -> int:
+        while size > 1 and size * per_step > max(traces, budget):
+            size //= 2
+        return size
+
+    size = max(longest(DEFAULT_CHUNK, _CHUNK_BUFFER_BYTES), longest(_BASE_CHUNK, _BASE_BUFFER_BYTES))
     size = max(1, min(size, length))
     # A chunk size that divides the length (down to half the cap) leaves no shorter last
     # chunk, whose buffers XLA would keep apart from the loop's: memory stays the same

@@ -117,6 +117,10 @@ def test_chunk_size_is_automatic_and_bounded():
     # 16 MiB while the traces are smaller: 600 samples fit 50 steps, not 100.
     assert 100 * 600 * 45 * 8 > 16 * 2**20 >= 50 * 600 * 45 * 8
     assert chunk_size(pairs, rules, 600, 8, 4099) == 50
+    # ... but not below 32 steps while those fit 64 MiB: 2000 samples fit 12 steps in
+    # 16 MiB, 32 in 64 MiB.
+    assert 25 * 2000 * 45 * 8 > 16 * 2**20 and 32 * 2000 * 45 * 8 <= 64 * 2**20
+    assert chunk_size(pairs, rules, 2000, 8, 4099) == 32
     assert chunk_size(pairs, rules, 10**7, 8, 4099) < DEFAULT_CHUNK  # a huge batch: shorter chunks
 
 
