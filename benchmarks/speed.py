@@ -402,7 +402,13 @@ def demo_section() -> list[str]:
             "(24–25 ms a batch, the run 14.4 s) and the online step is not (34 ms): hybrid 1.39× BPTT's time "
             "there, the same program. e-prop now runs on D-RTRL's chunk, its filtered eligibility one more "
             "trace state (docs/algorithms.md, e-prop): 33 ms a batch instead of 200, the run 20.4 s instead "
-            "of 97.9 s (6.8× BPTT's, measured that evening before the change)."]
+            "of 97.9 s (6.8× BPTT's, measured that evening before the change). Part of BPTT's time in this "
+            "demo is the kernel zeroing fresh pages: its temp buffer per batch is larger than glibc's mmap "
+            "threshold, so every call maps it anew. With `MALLOC_MMAP_THRESHOLD_=1073741824 "
+            "MALLOC_TRIM_THRESHOLD_=4294967296` (the freed buffer is reused) BPTT's step took 21 ms instead "
+            "of 25–31 and the online programs' the same as without (hybrid 38–40, ES-D-RTRL 19–21 ms; "
+            "2026-11-25, runs alternated): the ratio a user sees depends on the allocator too. The grid's "
+            "rows at H = 128, B = 16 moved within noise with it."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
