@@ -73,6 +73,11 @@ class DRTRL:
 
     name = "d_rtrl"
 
+    #: One more trace state per unit than the pair's own, which no other state depends
+    #: on (e-prop's filtered eligibility ``ē``, ``eprop.EPropRule``); a pair's readout
+    #: memory is counted in ``pair.num_states`` already.
+    extra_state = False
+
     def __init__(self, sharded: bool = False, zeros: frozenset = frozenset(), stepwise: bool = False,
                  sparse: bool = True, entries: tuple | None = None):
         self.sharded = sharded
@@ -103,8 +108,8 @@ class DRTRL:
         step loop on steps without loss, where XLA fuses it with the step (the chunk's
         own loop cost more than such a trace's whole update: the demo 31 → 28 ms)."""
         zeros = self.zeros
-        if pair.readout_memory:
-            last = pair.num_states - 1
+        if pair.readout_memory or self.extra_state:  # ē, the last state
+            last = self._states(pair) - 1
             zeros = frozenset((s, last) for s in range(last))
         entries = self._entries(pair)
         stepwise = self._numbers(pair) <= STEPWISE_NUMBERS
@@ -117,8 +122,8 @@ class DRTRL:
         return pair.positions * weights * self._states(pair)
 
     def _states(self, pair: TracedPair) -> int:
-        """``S``: trace states per unit (the pair's; e-prop's rule adds its ``ē``)."""
-        return pair.num_states
+        """``S``: trace states per unit."""
+        return pair.num_states + int(self.extra_state)
 
     @property
     def advance_step(self):

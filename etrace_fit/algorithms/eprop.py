@@ -37,7 +37,7 @@ import jax
 from ..compiler import ETraceGraph, format_path
 from ..errors import ConfigError
 from ..ops import etp_op_info
-from .base import TracedPair, traced_pairs
+from .base import traced_pairs
 from .d_rtrl import DRTRL
 from .readout import dense_readouts, groups_reaching, readout_decay, reading_is_elementwise
 
@@ -80,18 +80,11 @@ class EPropRule(DRTRL):
     Traces ``(B, P, S+1, K, O)``, ``ē`` the last state."""
 
     name = "eprop"
+    extra_state = True
 
     def __init__(self, kappa: float, **options):
         super().__init__(**{"sparse": False, **options})
         self.kappa = float(kappa)
-
-    def _states(self, pair: TracedPair) -> int:
-        return pair.num_states + 1
-
-    def for_pair(self, pair: TracedPair) -> "EPropRule":
-        """D-RTRL's :meth:`~DRTRL.for_pair`, told that no state depends on ``ē``."""
-        last = self._states(pair) - 1
-        return super().for_pair(pair)._replace(zeros=frozenset((s, last) for s in range(last)))
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of the filtered eligibility ``ē`` per sample."""
