@@ -127,6 +127,16 @@ def online_grads(model, xs, targets, step_loss, batch_size, **kwargs):
     return to_host(grads), np.asarray(losses)
 
 
+def grads_by_path(module, leaves):
+    """A program's gradient leaves (``module.weights`` order) as ``{ParamState path: value}``."""
+    out, cursor = {}, 0
+    for state in module.weights:
+        count = len(jax.tree.leaves(state.state.value))
+        out[state.path] = jax.tree.unflatten(jax.tree.structure(state.state.value), leaves[cursor:cursor + count])
+        cursor += count
+    return out
+
+
 def leaves_by_name(grads):
     """``{"layers.0.weight['weight']": array}``: one entry per leaf of every state's gradient."""
     out = {}

@@ -23,7 +23,8 @@ import etrace_fit as ef
 from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
 from etrace_fit.algorithms.d_rtrl import DRTRL
 
-from ._helpers import B, I, N, O, T, Case, MODELS, assert_grads_match, lin, mse, reference_bptt, to_host
+from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, grads_by_path, lin, mse, reference_bptt,
+                       to_host)
 from .test_user_neurons import NEURONS
 
 
@@ -87,13 +88,8 @@ def test_chunked_d_rtrl_equals_bptt(cases, name):
     case = _case(cases, name)
     grads, losses = _program_grads(case, "d_rtrl", chunk=4)
     with case.env():
-        params = case.model.states(brainstate.ParamState)
-    by_path, cursor = {}, 0
-    for path, state in params.items():
-        count = len(jax.tree.leaves(state.value))
-        by_path[path] = jax.tree.unflatten(jax.tree.structure(state.value), grads[cursor:cursor + count])
-        cursor += count
-    assert_grads_match(by_path, case.ref_grads, 1e-8)
+        graph, _ = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
+    assert_grads_match(grads_by_path(graph.module, grads), case.ref_grads, 1e-8)
     np.testing.assert_allclose(losses, case.ref_losses, rtol=1e-10)
 
 

@@ -30,7 +30,7 @@ from etrace_fit.algorithms.online import build_online
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError
 
-from ._helpers import rand, reference_bptt
+from ._helpers import grads_by_path, rand, reference_bptt
 from _per_step import PerStep
 
 B, T, N_IN, N = 3, 14, 4, 6
@@ -218,8 +218,7 @@ def test_over_chunks_it_is_still_the_published_update(placement, advance, monkey
         active = "last" if placement == "last" else None
         grads = jax.jit(lambda w, s, x, t: program.run(w, s, x, t, active=active))(
             weights, module.state_leaves(), [xs], targets)[0]
-    by_path = {s.path: jax.tree.unflatten(jax.tree.structure(s.state.value), grads[n:n + len(s.in_vars)])
-               for n, s in zip(np.cumsum([0] + [len(s.in_vars) for s in module.weights]), module.weights)}
+    by_path = grads_by_path(module, grads)
     (_, layer), (_, head) = sorted(by_path.items(), key=lambda item: str(item[0]))
     check({"W": layer["weight"], "b": layer["bias"], "W_out": head["weight"], "b_out": head["bias"]}, want, 1e-9)
 
