@@ -48,6 +48,7 @@ __all__ = [
     "Var",
     "eval_jaxpr",
     "is_symbolic_zero",
+    "step_invariant_outputs",
     "is_tracer",
     "jaxpr_as_fun",
     "new_jaxpr_eqn",
@@ -168,6 +169,45 @@ def interpret(
         for var, value in zip(eqn.outvars, outvals):
             write(var, value)
     return [read(var) for var in jaxpr.outvars]
+
+
+# Equations that only reshape, cast or broadcast their one operand: an output made by a
+# chain of them from a literal is that literal at every entry.
+_FILL_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expand_dims", "copy", "copy_p")
+
+
+def step_invariant_outputs(closed: ClosedJaxpr) -> list[tuple[bool, Any]]:
+    """Per output of ``closed``: whether it depends on none of its inputs (its value is
+    then fixed by the closed-over constants alone) and, if it is a literal broadcast
+    (``jnp.zeros``, ``jnp.ones``, a forward-mode tangent that is one or zero at every
+    entry), that literal, else ``None``. An equation counts as reading every input it
+    is given (nested jaxprs are not looked into): a conservative answer."""
+    jaxpr = closed.jaxpr
+    varying = {id(v) for v in jaxpr.invars}
+    producer = {}
+    for eqn in jaxpr.eqns:
+        reads = any(isinstance(v, Var) and id(v) in varying for v in eqn.invars)
+        for out in eqn.outvars:
+            producer[id(out)] = eqn
+            if reads:
+                varying.add(id(out))
+
+    def literal(var):
+        while not isinstance(var, Literal):
+            eqn = producer.get(id(var))
+            if eqn is None or eqn.primitive.name not in _FILL_PRESERVING or len(eqn.invars) != 1:
+                return None
+            var = eqn.invars[0]
+        return var.val
+
+    found = []
+    for var in jaxpr.outvars:
+        if isinstance(var, Literal):
+            found.append((True, var.val))
+        else:
+            fixed = id(var) not in varying
+            found.append((fixed, literal(var) if fixed else None))
+    return found
 
 
 def control_flow_operands(eqn: JaxprEqn, inner: Jaxpr) -> list[Any] | None:

@@ -36,7 +36,7 @@ from jax import lax
 
 from ..compiler import ETraceGraph, HiddenGroup, Relation
 
-__all__ = ["PairSignals", "Rule", "TracedPair", "joined_states", "split_states", "traced_pairs"]
+__all__ = ["Fixed", "PairSignals", "Rule", "TracedPair", "joined_states", "split_states", "traced_pairs"]
 
 
 class PairSignals(NamedTuple):
@@ -47,6 +47,20 @@ class PairSignals(NamedTuple):
     Df: jax.Array
     G: jax.Array
     dY: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Fixed:
+    """A stacked signal that is the same at every step of a chunk, handed to a rule that
+    says it reads such (``takes_fixed``) in place of the ``(C, ...)`` stack: ``value``
+    without the step axis and ``fill``, the number at every entry when the step makes it
+    from a literal (a membrane's ``∂V^t/∂x^t = 1``, a tangent that is zero), else
+    ``None``; ``steps`` the chunk's length ``C``. Not a pytree node: JAX sees it as a
+    leaf, so a rule takes it apart before scanning."""
+
+    value: jax.Array
+    fill: Any = None
+    steps: int = 1
 
 
 def split_states(signals: PairSignals) -> PairSignals:
@@ -101,7 +115,9 @@ class Rule(Protocol):
     the chunk's start and after its last step, for ``(the chunk's gradient, the final
     traces)`` (ES-D-RTRL: no buffers of ``D``, ``Df``, ``G`` and no second loop); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
-    it once per pair when it builds the program).
+    it once per pair when it builds the program); and ``takes_fixed = True``: its
+    ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at
+    every step (the engine then does not stack it).
     """
 
     name: str

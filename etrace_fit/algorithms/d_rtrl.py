@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .base import PairSignals, TracedPair, gram, split_states
+from .base import Fixed, PairSignals, TracedPair, gram, split_states
 
 __all__ = ["DRTRL", "STEPWISE_NUMBERS", "advance_trace"]
 
@@ -39,6 +39,28 @@ def _total(terms) -> Any:
 
 def _times(a: Any, b: Any) -> Any:
     return None if a is None or b is None else a * b
+
+
+def _split_fixed(tree: Any) -> tuple[Any, Any]:
+    """Nested tuples of stacked signals as two of the same structure: the stacked
+    entries (``None`` where fixed) and the :class:`~.base.Fixed` values (``None``
+    elsewhere)."""
+    if isinstance(tree, tuple):
+        parts = [_split_fixed(item) for item in tree]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+    return (None, tree.value) if isinstance(tree, Fixed) else (tree, None)
+
+
+def _merged(stacked: Any, fixed: Any) -> Any:
+    """One step's signals from a slice of the stacked entries and the fixed values."""
+    if isinstance(stacked, tuple):
+        return tuple(_merged(a, b) for a, b in zip(stacked, fixed))
+    return fixed if stacked is None else stacked
+
+
+def _structural(value: Any) -> Any:
+    """``None`` (a structural zero) for a signal fixed at zero, else the signal."""
+    return None if isinstance(value, Fixed) and value.fill == 0 else value
 
 
 def _closure(nonzero: list[list[bool]]) -> list[list[bool]]:
@@ -72,6 +94,10 @@ class DRTRL:
     (3x faster on one CPU, but it would gather the whole trace onto every device)."""
 
     name = "d_rtrl"
+
+    #: :meth:`chunk` reads signals that are the same at every step as :class:`~.base.Fixed`
+    #: (the engine then neither recomputes nor stacks them in its step loop).
+    takes_fixed = True
 
     #: One more trace state per unit than the pair's own, which no other state depends
     #: on (e-prop's filtered eligibility ``ē``, ``eprop.EPropRule``); a pair's readout
@@ -207,17 +233,27 @@ class DRTRL:
         ``E_C = Π_0 E_0 + Σ_r (Π_r Df_r) ⊗ X_r`` — never a division (a hard reset has
         ``D = 0``). ``signals``: stacked in :meth:`stack_form` (canonical or split: converted).
         """
-        if not isinstance(signals.Df, tuple) or signals.Df[0].ndim == 4:  # canonical or split (C, B, P, O)
+        if not isinstance(signals.Df, tuple) or getattr(signals.Df[0], "ndim", 3) == 4:  # canonical or split
             signals = self.stack_form(signals)
         X, D, Df, G, dY = signals[:5]
+        # Signals the engine found to be the same at every step (Fixed) are closed over,
+        # not scanned; one fixed at zero is a structural zero (LIF's ∂a/∂x, say), one
+        # fixed at one (∂V/∂x) a product XLA leaves out.
+        D = tuple(tuple(map(_structural, row)) for row in D)
+        Df = tuple(map(_structural, Df))
+        (D, Df, G, dY), (D_fixed, Df_fixed, G_fixed, dY_fixed) = _split_fixed((D, Df, G, dY))
+        steps = X.steps if isinstance(X, Fixed) else X.shape[0]
+        if isinstance(X, Fixed):
+            X = jnp.broadcast_to(X.value, (steps, *X.value.shape))
         shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
-        rows, K, O = shape[0] * shape[1], X.shape[-1], Df[0].shape[-1]  # rows: samples × positions
+        a_slab = next(iter(jax.tree.leaves((Df, Df_fixed, D, D_fixed))))  # (..., rows, O)
+        rows, K, O = shape[0] * shape[1], X.shape[-1], a_slab.shape[-1]  # rows: samples × positions
         S = range(states)
         # Per-unit S×S matrices are nested lists of (rows, O) slabs; entries of D that
         # are zero by construction are None and their products are skipped, the suffix
         # products keeping the closure of that pattern.
-        closed = _closure([[D[s][r] is not None for r in S] for s in S])
-        one, zero = jnp.ones((rows, O), Df[0].dtype), jnp.zeros((rows, O), Df[0].dtype)
+        closed = _closure([[_merged(D[s][r], D_fixed[s][r]) is not None for r in S] for s in S])
+        one, zero = jnp.ones((rows, O), a_slab.dtype), jnp.zeros((rows, O), a_slab.dtype)
         identity = [[(one if i == j else zero) if closed[i][j] else None for j in S] for i in S]
 
         def filled(value):  # an entry the pattern allows but no product reached yet
@@ -232,21 +268,21 @@ class DRTRL:
 
         if G is None:  # no learning signal in the chunk: advance the trace only
             def carry_only(suffix, inputs):
-                D_r, Df_r = inputs
+                D_r, Df_r = _merged(inputs, (D_fixed, Df_fixed))
                 return times(suffix, D_r), reached(suffix, Df_r)
 
-            decay, reach = lax.scan(carry_only, identity, (D, Df), reverse=True)
+            decay, reach = lax.scan(carry_only, identity, (D, Df), reverse=True, length=steps)
             grad = None
         else:
             def back(carry, inputs):
                 lam, suffix = carry  # λ_r and Π_r
-                G_r, D_r, Df_r, dY_r = inputs
-                signal = sum(Df_r[s] * lam[s] for s in S)
-                signal = signal if dY_r is None else signal + dY_r
+                G_r, D_r, Df_r, dY_r = _merged(inputs, (G_fixed, D_fixed, Df_fixed, dY_fixed))
+                signal = filled(_total([_times(Df_r[s], lam[s]) for s in S] + [dY_r]))
                 lam = [_total([G_r[j]] + [_times(D_r[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
                 return (lam, times(suffix, D_r)), (reached(suffix, Df_r), signal)
 
-            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True)
+            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True,
+                                                     length=steps)
             grad = gram(X, signal.astype(X.dtype))
         if self.entries is not None:  # the same at the sparse weight's entries only
             k, o = self.entries

@@ -7,9 +7,10 @@ linearisation of the group transitions gives ``D`` and ``Df``. None of this need
 traces, so the program runs the step over a *chunk* of ``C`` steps first, stacks each
 traced pair's canonical signals ``(C, B, ...)`` and only then hands them to the pair's
 rule, which reads and writes its traces once per chunk (§5.9) and does its
-weight-gradient GEMMs over ``C·B`` rows. A rule whose traces are cheap to advance runs
-in the step loop instead (ES-D-RTRL: ``step_rows`` there, ``finish_rows`` once per
-chunk). Steps a caller marks inactive (their loss weight is zero) skip the pull-back;
+weight-gradient GEMMs over ``C·B`` rows; signals that are the same at every step are
+handed to such a rule once (``base.Fixed``), not stacked. A rule whose traces are
+cheap to advance runs in the step loop instead (ES-D-RTRL: ``step_rows`` there,
+``finish_rows`` once per chunk). Steps a caller marks inactive (their loss weight is zero) skip the pull-back;
 the traces still advance. Read ``sequence.py`` for the public entry point and
 ``d_rtrl.py`` for a rule.
 """
@@ -29,7 +30,7 @@ from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from ..ops.dense import matmul_of_parts, weight_rows
-from .base import PairSignals, Rule, TracedPair, gram, joined_states, scalar_loss
+from .base import Fixed, PairSignals, Rule, TracedPair, gram, joined_states, scalar_loss
 from .readout import new_state_vars, readout_memory
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
@@ -697,8 +698,15 @@ def build_online(
 
         inner = {n: traces[n] for n in stepwise | rowwise}
         length = jax.tree.leaves(inputs)[0].shape[0]
-        (others, weight_acc, inner), (losses, outputs, signals, one_step) = lax.scan(
-            step, (others, weight_acc, inner), (inputs, t + jnp.arange(length, dtype=t.dtype)))
+        steps = t + jnp.arange(length, dtype=t.dtype)
+        # Signals that are the same at every step (a membrane's ∂V/∂x = 1, a zero
+        # tangent, a readout's decay) are not stacked for the rules that read them once.
+        once = [n for n, rule in enumerate(rules)
+                if n not in stepwise | rowwise and getattr(rule, "takes_fixed", False)]
+        body, restore = _hoist_fixed(step, (others, weight_acc, inner), jax.tree.map(lambda v: v[0], (inputs, steps)),
+                                     lambda ys: [ys[2][n] for n in once]) if once else (step, None)
+        (others, weight_acc, inner), ys = lax.scan(body, (others, weight_acc, inner), (inputs, steps))
+        losses, outputs, signals, one_step = ys if restore is None else restore(ys)
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
             if n in rowwise:
@@ -830,6 +838,41 @@ def build_online(
 
     return OnlineProgram(run=run, run_with_updates=run_with_updates, pairs=tuple(pairs), chunk_for=size_for,
                          init_traces=init_traces)
+
+
+def _hoist_fixed(step: Callable, carry: Any, first: Any, select: Callable) -> tuple[Callable, Callable | None]:
+    """``step`` (a scan body over ``carry`` and per-step inputs like ``first``) without
+    the stacked outputs that ``select`` picks and that are the same at every step: the
+    new body returns ``None`` in their place, and ``restore(ys)`` puts a :class:`Fixed`
+    there (read off the step once, or a literal fill), so the loop neither computes nor
+    stores them; ``restore`` is ``None`` when there are none."""
+    closed, shape = jax.make_jaxpr(step, return_shape=True)(carry, first)
+    leaves, treedef = jax.tree.flatten(shape)
+    positions = jax.tree.unflatten(treedef, list(range(len(leaves))))
+    chosen = set(jax.tree.leaves(select(positions[1])))
+    found = _compat.step_invariant_outputs(closed)
+    hoisted = {i: found[i][1] for i in chosen if found[i][0]}
+    run = _compat.jaxpr_as_fun(closed)  # the loop runs this trace: the step is not traced again
+
+    def body(carry_, inputs_t):
+        outs = run(*jax.tree.leaves((carry_, inputs_t)))
+        return jax.tree.unflatten(treedef, [None if i in hoisted else out for i, out in enumerate(outs)])
+
+    def restore(ys):
+        steps = jax.tree.leaves(ys)[0].shape[0]  # the losses are always stacked
+        needed = any(fill is None for fill in hoisted.values())
+        values = run(*jax.tree.leaves((carry, first))) if needed else None
+
+        def fixed(i, stacked):
+            if i not in hoisted:
+                return stacked
+            fill, aval = hoisted[i], closed.out_avals[i]
+            return Fixed(jnp.full(aval.shape, fill, aval.dtype) if fill is not None else values[i],
+                         None if fill is None else float(fill), steps)
+
+        return jax.tree.map(fixed, positions[1], ys)
+
+    return body, restore if hoisted else None
 
 
 def _assemble(weight_positions, other_positions, weights, others) -> list:

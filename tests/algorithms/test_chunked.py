@@ -22,6 +22,7 @@ import pytest
 import etrace_fit as ef
 from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
 from etrace_fit.algorithms.d_rtrl import DRTRL
+from etrace_fit.algorithms.base import PairSignals
 
 from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, grads_by_path, lin, mse, reference_bptt,
                        to_host)
@@ -323,3 +324,114 @@ def test_gram_sums_the_outer_products_of_rows_in_either_orientation(k, o, lead):
         for got in (gram(a, b), jax.jit(gram)(a, b)):
             assert got.shape == (k, o) and got.dtype == jnp.float64
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
+
+
+def test_step_invariant_outputs_tells_fixed_outputs_and_their_fills():
+    """Outputs that read no input are fixed (with their literal when they are a
+    broadcast one); an output that reads an input, however little, is not."""
+    from etrace_fit import _compat
+
+    weight = jnp.arange(3.0)
+
+    def step(h, x):
+        tangent = jax.jvp(lambda v: 0.5 * v + x, (h,), (jnp.ones_like(h),))[1]  # 0.5 everywhere
+        through = jax.jvp(lambda v: v + 0.0 * h, (x,), (jnp.ones_like(x),))[1]  # ∂/∂x: 1
+        untouched = jax.jvp(lambda v: h * 2.0, (x,), (jnp.ones_like(x),))[1]  # a zero tangent
+        return h * x, tangent, through, untouched, weight * 2.0, jnp.zeros(3) + x.sum()
+
+    closed = jax.make_jaxpr(step)(jnp.ones(3), jnp.ones(3))
+    found = _compat.step_invariant_outputs(closed)
+    assert [fixed for fixed, _ in found] == [False, True, True, True, True, False]
+    assert found[2][1] == 1.0 and found[3][1] == 0.0
+    assert found[4][1] is None  # fixed by the closed-over weight, not a literal
+    # (the 0.5 of `tangent` is a product of literals, not a broadcast one: fixed, no fill)
+    assert found[1][1] is None
+
+
+def _fixed_signals(cases, name):
+    """The Fixed signals D-RTRL's chunk gets on ``case`` (the engine's default path)."""
+    from etrace_fit.algorithms.base import Fixed
+
+    seen = []
+
+    class Spy(DRTRL):
+        def chunk(self, traces, signals, t0):
+            seen.extend(leaf for leaf in jax.tree.leaves(tuple(signals)) if isinstance(leaf, Fixed))
+            return super().chunk(traces, signals, t0)
+
+    case = _case(cases, name)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
+        rules = tuple(Spy(**{k: v for k, v in vars(r).items()}) for r in plan.rules)
+        program = build_online(graph, plan.pairs, rules, case.step_loss, trace_dtype=plan.trace_dtype, chunk=7)
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        grads, _, _ = jax.jit(program.run)(weights, module.state_leaves(), [case.xs], case.ys)
+    return seen, grads_by_path(module, [np.asarray(g) for g in grads]), case
+
+
+@pytest.mark.parametrize("name, fills", [("lif", {1.0}), ("alif", {0.0, 1.0})])
+def test_signals_fixed_over_the_chunk_are_read_once_and_stay_exact(cases, name, fills):
+    """A LIF's ``∂V/∂x = 1`` (and an ALIF's ``∂a/∂x = 0``) is the same at every step:
+    the engine hands it to D-RTRL's chunk once (``Fixed``), not stacked per step, and the
+    gradient is still BPTT's."""
+    seen, grads, case = _fixed_signals(cases, name)
+    assert {leaf.fill for leaf in seen} >= fills
+    assert all(leaf.value.ndim == 2 for leaf in seen)  # (B·P, O): no step axis
+    assert_grads_match(grads, case.ref_grads, 1e-8)
+
+
+@pytest.mark.parametrize("with_signal", [True, False])
+def test_chunk_reads_fixed_signals_as_their_stacked_broadcast(with_signal):
+    """D-RTRL's chunk with some signals given once (a literal one, a literal zero, a
+    value the same at every step) equals the chunk with those signals stacked, float64."""
+    with brainstate.environ.context(precision=64):
+        _check_fixed_chunk(with_signal)
+
+
+def _check_fixed_chunk(with_signal):
+    from etrace_fit.algorithms.base import Fixed
+
+    rng = np.random.default_rng(0)
+    steps, rows, K, O, S = 6, 4, 3, 5, 2
+    slab = lambda: jnp.asarray(rng.normal(size=(steps, rows, O)))  # noqa: E731
+    once = jnp.asarray(rng.normal(size=(rows, O)))
+    stacked = lambda v: jnp.broadcast_to(v, (steps, rows, O))  # noqa: E731
+    ones, zeros = jnp.ones((rows, O)), jnp.zeros((rows, O))
+    X = jnp.asarray(rng.normal(size=(steps, rows, K)))
+    assert X.dtype == jnp.float64
+    D_full = ((slab(), stacked(once)), (stacked(zeros), slab()))
+    D_fixed = ((D_full[0][0], Fixed(once)), (Fixed(zeros, 0.0), D_full[1][1]))
+    Df_full, Df_fixed = (stacked(ones), stacked(zeros)), (Fixed(ones, 1.0), Fixed(zeros, 0.0))
+    G = (slab(), slab()) if with_signal else None
+    dY = slab() if with_signal else None
+    traces = jnp.asarray(rng.normal(size=(rows, 1, S, K, O)))
+    rule = DRTRL()
+    expected = rule.chunk(traces, PairSignals(X, D_full, Df_full, G, dY), 0)
+    got = rule.chunk(traces, PairSignals(X, D_fixed, Df_fixed, G, dY), 0)
+    for e, g in zip(expected, got):
+        if e is None:
+            assert g is None
+        else:
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-12, atol=1e-12)
+
+
+def test_chunk_with_every_signal_fixed_knows_its_length():
+    """A chunk whose every ``D``, ``Df`` and ``X`` is fixed (a readout's trace on steps
+    without loss: ``D = κ``, ``Df = 1``) still advances the trace by ``C`` steps."""
+    from etrace_fit.algorithms.base import Fixed
+
+    with brainstate.environ.context(precision=64):
+        rng = np.random.default_rng(1)
+        steps, rows, K, O = 5, 3, 2, 4
+        kappa, x = jnp.full((rows, O), 0.8), jnp.asarray(rng.normal(size=(rows, K)))
+        traces = jnp.asarray(rng.normal(size=(rows, 1, 1, K, O)))
+        signals = PairSignals(Fixed(x, None, steps), ((Fixed(kappa, None, steps),),),
+                              (Fixed(jnp.ones((rows, O)), 1.0, steps),), None)
+        _, got = DRTRL().chunk(traces, signals, 0)
+        expected = traces
+        for _ in range(steps):  # ε ← κ ε + x ⊗ 1
+            expected = 0.8 * expected + x[:, None, None, :, None]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-12)
