@@ -700,9 +700,10 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         steps = t + jnp.arange(length, dtype=t.dtype)
         # Signals that are the same at every step (a membrane's ∂V/∂x = 1, a zero
-        # tangent, a readout's decay) are not stacked for the rules that read them once.
+        # tangent, a readout's decay) are not stacked for the rules that read them once
+        # (a chunk of one step stacks nothing: not worth the analysis' trace).
         once = [n for n, rule in enumerate(rules)
-                if n not in stepwise | rowwise and getattr(rule, "takes_fixed", False)]
+                if length > 1 and n not in stepwise | rowwise and getattr(rule, "takes_fixed", False)]
         body, restore = _hoist_fixed(step, (others, weight_acc, inner), jax.tree.map(lambda v: v[0], (inputs, steps)),
                                      lambda ys: [ys[2][n] for n in once]) if once else (step, None)
         (others, weight_acc, inner), ys = lax.scan(body, (others, weight_acc, inner), (inputs, steps))
