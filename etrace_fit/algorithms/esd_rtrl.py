@@ -6,7 +6,8 @@
                    + Σ_{b,p} ε_x[b,p,k]^{t-1} Σ_s G[b,p,o,s]^t ε_f[b,p,o,s]^{t-1} / (1 − α^t)
 
 with ``G = ∂L^t/∂h^{t-1}``, ``dY = ∂L^t/∂y^t`` (docs/theory.md §5.8): the first sum is the exact
-one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K + O·S)``. Exact at ``t = 0``
+one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K + O·S)``: ``ε_x``
+``(B, P, K)`` and ``ε_f`` ``(B, P, S, O)``, each state's slab contiguous. Exact at ``t = 0``
 and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
 
 The engine runs the rule inside its step loop: ``step_rows`` advances ``ε_f`` and keeps
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import ConfigError
-from .base import PairSignals, TracedPair, gram
+from .base import PairSignals, TracedPair, gram, split_states
 
 __all__ = ["ESDRTRL", "resolve_decay"]
 
@@ -56,7 +57,7 @@ class ESDRTRL:
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
         return (
             jnp.zeros((batch, pair.positions, pair.patch), dtype),
-            jnp.zeros((batch, pair.positions, pair.outputs, pair.num_states), dtype),
+            jnp.zeros((batch, pair.positions, pair.num_states, pair.outputs), dtype),
         )
 
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
@@ -76,12 +77,20 @@ class ESDRTRL:
     def _history(self, G, eps_f, t):
         """``Σ_s G ε_f^{t-1} / (1 − α^t)``: the traces of step t-1 stand for ε^{t-1} with
         the bias correction 1 − α^t; at t = 0 they are zero and so is the history part
-        (no division by zero). ``t``: a scalar, or one per leading entry of ``G``."""
-        dtype = jnp.promote_types(G.dtype, jnp.float32)
-        t = jnp.asarray(t).astype(dtype)
-        correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t, 1.0)
-        correction = correction.reshape(correction.shape + (1,) * (G.ndim - 1 - correction.ndim))
-        return (G * eps_f).sum(axis=-1) / correction
+        (no division by zero). ``G``: split per state (a tuple of ``(B, P, O)``) or
+        canonical ``(B, P, O, S)``; ``t``: a scalar."""
+        G = G if isinstance(G, tuple) else tuple(G[..., s] for s in range(G.shape[-1]))
+        dtype = jnp.promote_types(G[0].dtype, jnp.float32)
+        correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(jnp.asarray(t).astype(dtype), 1.0)
+        return sum(g * eps_f[:, :, s] for s, g in enumerate(G)) / correction
+
+    def stack_form(self, signals: PairSignals) -> PairSignals:
+        """The signals as the engine hands them to :meth:`step_rows` and
+        :meth:`advance_step`: split per state (``base.split_states``), so each state's
+        ``ε_f`` is advanced on whole ``(B, P, O)`` slabs and an entry of ``D`` that is
+        zero by construction costs nothing (a trailing ``S×S`` block of ``D`` took most
+        of the step loop's time on CPU: it is written and read through strided slices)."""
+        return split_states(signals)
 
     def step_rows(self, traces, signals: PairSignals, t: jax.Array):
         """One step inside the engine's step loop (steps with a loss): ``ε_f`` advanced
@@ -126,17 +135,18 @@ class ESDRTRL:
         """The traces after one step without learning signal: a few elementwise ops,
         which the engine runs inside its step loop (fused with the step) instead of a
         second loop over the chunk's stacked signals."""
-        X, D, Df = signals[:3]
+        X, D, Df = split_states(signals)[:3]
         eps_x, eps_f = traces
-        carried = sum(D[..., r] * eps_f[..., None, r] for r in range(eps_f.shape[-1]))  # fuses (see d_rtrl)
-        return ((self.alpha * eps_x + X).astype(eps_x.dtype),
-                (carried + (1.0 - self.alpha) * Df).astype(eps_f.dtype))
+        states = range(len(Df))
+        new = [sum((D[s][r] * eps_f[:, :, r] for r in states if D[s][r] is not None), (1.0 - self.alpha) * Df[s])
+               for s in states]
+        return ((self.alpha * eps_x + X).astype(eps_x.dtype), jnp.stack(new, axis=2).astype(eps_f.dtype))
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""
         eps_x, eps_f = traces
         dtype = jnp.promote_types(eps_x.dtype, jnp.float32)
         x_norm = jnp.square(eps_x.astype(dtype)).sum(axis=2)  # (B, P)
-        f_norm = jnp.square(eps_f.astype(dtype)).sum(axis=(2, 3))  # (B, P)
+        f_norm = jnp.square(eps_f.astype(dtype)).sum(axis=(2, 3))  # (B, P); ε_f is (B, P, S, O)
         correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
         return jnp.sqrt((x_norm * f_norm).sum(axis=1)) / correction

@@ -134,7 +134,7 @@ def test_esd_trace_shapes_and_bytes():
     assert [r.name for r in plan.rules] == ["esd_rtrl"]
     assert plan.rules[0].alpha == 0.9  # the default
     eps_x, eps_f = plan.rules[0].init_traces(pair, B, jnp.float32)
-    assert eps_x.shape == (B, 1, I + 1) and eps_f.shape == (B, 1, N, 2)
+    assert eps_x.shape == (B, 1, I + 1) and eps_f.shape == (B, 1, 2, N)
     assert plan.trace_bytes() == (B * 1 * (I + 1 + N * 2) * 4,)
 
 
@@ -164,9 +164,9 @@ def test_trace_norm_is_the_norm_of_the_materialised_bias_corrected_outer_product
     from etrace_fit.algorithms import DRTRL, ESDRTRL
 
     rng = np.random.default_rng(3)
-    eps_x, eps_f = rng.normal(size=(3, 2, 5)), rng.normal(size=(3, 2, 4, 2))
+    eps_x, eps_f = rng.normal(size=(3, 2, 5)), rng.normal(size=(3, 2, 2, 4))  # ε_f: (B, P, S, O)
     t = jnp.asarray(7)
-    full = np.einsum("bpk,bpos->bpkos", eps_x, eps_f) / (1 - 0.8 ** 7)
+    full = np.einsum("bpk,bpso->bpsko", eps_x, eps_f) / (1 - 0.8 ** 7)  # D-RTRL's layout
     expected = np.sqrt((full ** 2).reshape(3, -1).sum(axis=1))
     np.testing.assert_allclose(ESDRTRL(0.8).trace_norm((jnp.asarray(eps_x), jnp.asarray(eps_f)), t), expected,
                                rtol=1e-5)
@@ -200,7 +200,7 @@ def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
     with brainstate.environ.context(precision=64):
         rule = ESDRTRL(alpha)
         signals = _random_signals(rng, C, B_, P, K, O_, S, with_dY)
-        start = (jnp.asarray(rng.normal(size=(B_, P, K))), jnp.asarray(rng.normal(size=(B_, P, O_, S))))
+        start = (jnp.asarray(rng.normal(size=(B_, P, K))), jnp.asarray(rng.normal(size=(B_, P, S, O_))))
         at = lambda c: PairSignals(*[None if s is None else s[c] for s in signals])  # noqa: E731
         traces, want = start, 0.0
         for c in range(C):
