@@ -145,7 +145,7 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
     else:
         fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y))
     compiled = fn.lower(*args).compile()
-    chunk = None if rule == "bptt" else program.chunk_for(xs.shape[0])
+    chunk = None if rule == "bptt" else program.chunk_for(xs.shape[0], "last" if loss == "last" else None)
     return compiled, args, compiled.memory_analysis().temp_size_in_bytes, chunk
 
 

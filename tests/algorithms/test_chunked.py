@@ -103,7 +103,10 @@ def test_chunk_size_is_automatic_and_bounded():
         _, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
     pairs, rules = plan.pairs, plan.rules
     assert DEFAULT_CHUNK == 100
-    assert chunk_size(pairs, rules, B, 8, 4099) == DEFAULT_CHUNK  # a prime: a shorter last chunk
+    # A prime length has no divisor: the size down to half the cap with the shortest
+    # last chunk (4099 = 64·64 + 3; every other size in 51..100 leaves 4 steps or more).
+    assert chunk_size(pairs, rules, B, 8, 4099) == 64
+    assert min(4099 % d for d in range(51, 101) if d != 64) >= 4
     assert chunk_size(pairs, rules, B, 8, 5) == 5
     # lengths with a divisor down to half the cap: no shorter last chunk; multiples of
     # 100 share one chunk, so the same memory
@@ -113,11 +116,11 @@ def test_chunk_size_is_automatic_and_bounded():
     # The chunk's buffers (here 45 numbers of 8 bytes per sample and step) are capped at
     # 16 MiB while the traces are smaller: 600 samples fit 50 steps, not 100.
     assert 100 * 600 * 45 * 8 > 16 * 2**20 >= 50 * 600 * 45 * 8
-    assert chunk_size(pairs, rules, 600, 8, 4099) == 50
+    assert chunk_size(pairs, rules, 600, 8, 4100) == 50
     # ... but not below 32 steps while those fit 64 MiB: 2000 samples fit 12 steps in
     # 16 MiB, 32 in 64 MiB.
     assert 25 * 2000 * 45 * 8 > 16 * 2**20 and 32 * 2000 * 45 * 8 <= 64 * 2**20
-    assert chunk_size(pairs, rules, 2000, 8, 4099) == 32
+    assert chunk_size(pairs, rules, 2000, 8, 4096) == 32
     assert chunk_size(pairs, rules, 10**7, 8, 4099) < DEFAULT_CHUNK  # a huge batch: shorter chunks
 
 
@@ -272,6 +275,32 @@ def test_the_online_programs_temp_memory_is_flat_in_the_sequence_length(algo, pl
             compiled = run.lower(weights, graph.module.state_leaves(), [xs], targets).compile()
             temps[steps] = compiled.memory_analysis().temp_size_in_bytes
     assert temps[1000] <= 1.05 * temps[100] + 16 * 1024, temps
+
+
+def test_a_loss_at_the_last_step_chunks_the_steps_before_it_with_the_shortest_last_chunk():
+    """With ``active="last"`` the last step runs alone, so the automatic chunk is chosen
+    for the ``T - 1`` steps before it: T = 201 runs its first 200 steps in two chunks
+    of 100 (201 itself would take 67, leaving a last chunk of 66 before the last step);
+    the demo's T = 230 has a prime 229 before its last step, chunked as 3 × 76 and one
+    step. The gradient is BPTT's (ALIF is exact under D-RTRL), float64."""
+    steps = 201
+    case = Case(MODELS["alif"][0], (steps, B, I), (steps, B, O), 64)
+    flags = np.arange(steps) == steps - 1
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+        reference = reference_bptt(case.model, case.xs, targets, _weighted, B)[0]
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+        program = build_online(graph, plan.pairs, plan.rules, _weighted, trace_dtype=plan.trace_dtype)
+        assert program.chunk_for(steps, "last") == chunk_size(plan.pairs, plan.rules, B, 8, steps - 1) == 100
+        assert program.chunk_for(steps) == 67
+        assert program.chunk_for(230, "last") == 76 and 229 == 3 * 76 + 1
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        grads = jax.jit(lambda w, s, x, t: program.run(w, s, x, t, active="last"))(
+            weights, module.state_leaves(), [case.xs], targets)[0]
+    assert_grads_match(grads_by_path(module, grads), reference, 1e-8)
 
 
 def test_steps_marked_without_loss_do_not_evaluate_it_and_final_collects_the_last_step(weighted_case):
