@@ -332,14 +332,16 @@ READING = [
     "losses the program returns, joined from the chunks' pieces. (Before 2026-11-25 this table showed temp ratios "
     "of 1.1–7 for the loss at the last step: T = 200 had been measured again after a change, T = 2000 not. "
     "`--merge` now names each re-measured entry's run, and a pair from two runs is not judged.)",
-    "- D-RTRL's MISS on the temp memory with the loss at the last step (T = 2000 against T = 200) is a "
-    "step at T = 200, not growth: the steps before the last run in chunks of 100, and T = 200 has 199 "
-    "of them, one chunk and a shorter one, where XLA drops the loop over chunks and its buffers. From "
-    "T = 300 on the memory is flat but for the 4-byte loss per step (compiled 2026-11-25, bytes): GRU "
-    "16 577 600 at T = 200, then 19 740 864 / 19 747 712 / 19 755 712 at T = 300 / 2000 / 4000; RLIF "
-    "9 114 264, then 10 687 704 / 10 694 552 / 10 702 616; LIF 6 599 320, then 7 130 200 / 7 133 400 / "
-    "7 134 040. The \"per step\" figures under the targets divide that step by 1800 steps. With chunks "
-    "of 25 both lengths had a loop (1.000–1.036).",
+    "- The temp memory with the loss at the last step is flat since 2026-11-25 late evening: the chunk is "
+    "chosen for the `T − 1` steps before the last (which runs alone), as the size down to half the cap that "
+    "leaves the shortest last chunk. Before, T = 200 ran its 199 steps as a chunk of 100 and one of 99 (two "
+    "copies of the chunk's program; XLA kept the second one's buffers apart, and the temp at T = 2000 read "
+    "1.11–1.21× T = 200's); now 2 × 99 and one step. The extra trace pass of that one step costs D-RTRL a "
+    "little at T = 200 (GRU 10.9 → 11.7 ms, LIF 0.63 → 0.74× BPTT, runs hours apart on a noisy machine) and "
+    "saves compile time: the demo's step (T = 230, 229 steps before the last, a prime) compiles in 1.17 s "
+    "instead of 1.37 s and lowers in 0.31 s instead of 0.39 s as 12 × 19 + 1 steps instead of 9 × 23 + 22 — "
+    "the shorter last chunk was a second copy of the chunk's program (2410 against 2678 HLO instructions; "
+    "2007 without any).",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6×: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMM and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
@@ -400,7 +402,7 @@ def demo_section() -> list[str]:
             "took ~30 % longer than that morning's 16.7 / 17.0 s: a busier machine). The run of 2026-11-25 "
             "evening came from another machine of the same kind (2 cores), where BPTT's step is faster "
             "(24–25 ms a batch, the run 14.4 s) and the online step is not (34 ms): hybrid 1.39× BPTT's time "
-            "there, the same program. The table above is that machine late the same evening, after the signals "
+            "there, the same program. Later that evening the same machine, after the signals "
             "that are the same at every step (∂V/∂x = 1, ∂a/∂x = 0, the readout's κ) began to reach D-RTRL's "
             "chunk once instead of stacked (docs/theory.md §5.9): hybrid 1.44× BPTT's time; per batch 25.8 "
             "against 23.4 ms (1.10×, runs alternated in one process), the rest is the online program's "
@@ -412,7 +414,17 @@ def demo_section() -> list[str]:
             "MALLOC_TRIM_THRESHOLD_=4294967296` (the freed buffer is reused) BPTT's step took 21 ms instead "
             "of 25–31 and the online programs' the same as without (hybrid 38–40, ES-D-RTRL 19–21 ms; "
             "2026-11-25, runs alternated): the ratio a user sees depends on the allocator too. The grid's "
-            "rows at H = 128, B = 16 moved within noise with it."]
+            "rows at H = 128, B = 16 moved within noise with it. The table above is the run of 2026-11-25 "
+            "night, after the automatic chunk began to leave the shortest last chunk (the 229 steps before the "
+            "last as 12 × 19 + 1 instead of 9 × 23 + 22: the step compiles in 1.17 s instead of 1.37 s): hybrid "
+            "1.23× BPTT's time; per batch 27.5 against 22.8 ms (1.20×, runs alternated in one process). Where "
+            "that batch goes (jax.profiler): D-RTRL's two loops, the step loop and the backward pass over each "
+            "chunk, take 21 ms against BPTT's forward and backward loops' 23.5 ms, but D-RTRL does three times "
+            "BPTT's weight-gradient FLOPs here (one GEMM per trace state: `V`, `a` and the readout's memory) "
+            "and its per-chunk GEMMs, trace combine and transposes take ~10 ms a batch at any chunk length "
+            "(chunks of 12, 19, 38 and 76 steps: 27.5–27.7 ms). ES-D-RTRL on this model runs 7.7 ms a batch "
+            "(0.34× BPTT, since its `ε_f` is advanced per state on split signals, 17.1 ms before) but reached "
+            "0.855 (seed 0, 6.8 s), below the 0.93 target, so the hybrid's D-RTRL stays the default here."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
