@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import etrace_fit as ef
-from etrace_fit import layers
+from etrace_fit import _compat, layers
 from etrace_fit.algorithms.sequence import _prepare
 
 I, O = 64, 10
@@ -140,10 +140,11 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
     module = graph.module
     weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
     args = [weights, module.state_leaves(), [xs], ys]
+    options = _compat.training_compiler_options()  # as the Trainer compiles (both rules alike)
     if rule != "bptt" and loss == "last":  # skip the pull-back of the steps without loss
-        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active="last"))
+        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active="last"), compiler_options=options)
     else:
-        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y))
+        fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y), compiler_options=options)
     compiled = fn.lower(*args).compile()
     chunk = None if rule == "bptt" else program.chunk_for(xs.shape[0], "last" if loss == "last" else None)
     return compiled, args, compiled.memory_analysis().temp_size_in_bytes, chunk

@@ -7,6 +7,7 @@ this module only. Tested against the JAX range pinned in ``pyproject.toml``; rea
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -54,7 +55,35 @@ __all__ = [
     "new_jaxpr_eqn",
     "used_inputs",
     "register_primitive",
+    "training_compiler_options",
 ]
+
+#: XLA's copy insertion with region analysis (the GPU backends use it by default; the
+#: CPU one takes it as an option of this name).
+_REGION_ANALYSIS = "xla_cpu_copy_insertion_use_region_analysis"
+
+
+@functools.cache
+def training_compiler_options() -> dict[str, Any] | None:
+    """The XLA options the training programs are compiled with (``jax.jit``'s
+    ``compiler_options``), the same for every rule and BPTT; ``None`` for none.
+
+    On CPU: copy insertion with region analysis. A loop whose step updates carried
+    values that read one another (a neuron's coupled states, the slabs of a trace's
+    per-unit matrix, D-RTRL's suffix product over a chunk) otherwise gets a copy of each
+    such value per step. Measured 2026-11-25 (2 cores, runs alternated in one process):
+    the demo's online step 27.9 → 26.3 ms a batch, the GRU's ES-D-RTRL 18.0 → 16.9 ms,
+    the feed-forward LIF net's D-RTRL 4.8 → 4.5 ms, BPTT unchanged; identical results;
+    compilation ~0.1 s longer. ``None`` on other backends, or when this XLA build does
+    not know the option (probed once with a one-op program)."""
+    if jax.default_backend() != "cpu":
+        return None
+    options = {_REGION_ANALYSIS: True}
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(1.0).compile()
+    except Exception:  # an XLA without the option: its default copy insertion
+        return None
+    return options
 
 
 def is_tracer(value: Any) -> bool:

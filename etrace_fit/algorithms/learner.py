@@ -23,6 +23,7 @@ import brainstate
 import jax
 import jax.numpy as jnp
 
+from .. import _compat
 from ..compiler import ETraceGraph, compile_graph, format_path
 from ..compiler.module_info import module_info
 from ..distributed import Placement, batch_axes, resolve_mesh
@@ -211,7 +212,8 @@ class Learner:
                 program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype,
                                        sharded=self.placement is not None, feedback=plan.feedback,
                                        readout=plan.readout)
-            self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(program.run))
+            self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(
+                program.run, compiler_options=_compat.training_compiler_options()))
         return self._compiled[key]
 
     def _note_new_program(self, key) -> None:
@@ -323,7 +325,7 @@ class Learner:
                 options = {} if active is None else {"active": active}
                 return program.run(weights, states, xs_leaves, targets, traces=traces, **options)
 
-            run = compiled.updates["stream"] = jax.jit(stream)
+            run = compiled.updates["stream"] = jax.jit(stream, compiler_options=_compat.training_compiler_options())
         module = compiled.module
         paths = {format_path(s.path): s.path for s in module.weights}
         weights = compiled.weight_leaves({paths[name]: value for name, value in state.weights.items() if name in paths})

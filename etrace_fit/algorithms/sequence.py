@@ -17,6 +17,7 @@ import brainstate
 import jax
 import jax.numpy as jnp
 
+from .. import _compat
 from ..errors import ConfigError, ShapeError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
@@ -201,7 +202,8 @@ def online_fit(
     if key not in compiled.updates:
         program = compiled.program
         compiled.updates[key] = jax.jit(
-            lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every))
+            lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every),
+            compiler_options=_compat.training_compiler_options())
     weights, opt_state, losses, final_leaves = compiled.updates[key](weights, compiled.state_leaves(),
                                                                      jax.tree.leaves(xs), targets, opt_state)
     compiled.write_states(final_leaves)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .. import _compat
 from ..algorithms.online import _assemble
 from ..compiler import format_path
 from .state import Reset, TrainState
@@ -181,4 +182,4 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
                                     placement.constrain(next_state.rates, None))
         return next_state, StepResult(loss, logs, finite, grads, norms)
 
-    return jax.jit(train_step, static_argnames="start")
+    return jax.jit(train_step, static_argnames="start", compiler_options=_compat.training_compiler_options())

@@ -268,3 +268,52 @@ def test_a_non_finite_gradient_under_a_finite_loss_is_not_applied():
     assert np.isfinite(history.history["loss"][0]) and trainer.skipped_batches == 2
     after = [np.asarray(leaf) for leaf in jax.tree.leaves(trainer.model.states(brainstate.ParamState).to_dict_values())]
     assert all(np.array_equal(a, b) for a, b in zip(after, before))
+
+
+def test_training_programs_compile_with_the_training_compiler_options(monkeypatch):
+    """The Trainer's step and the online sequence programs are compiled with
+    ``_compat.training_compiler_options()`` (on CPU: copy insertion with region
+    analysis): an option XLA rejects, put there, fails the first batch of every rule
+    and of ``sequence_grad``; the real options are accepted on this machine."""
+    from etrace_fit import _compat
+
+    assert _compat.training_compiler_options() == {"xla_cpu_copy_insertion_use_region_analysis": True}
+    monkeypatch.setattr(_compat, "training_compiler_options", lambda: {"xla_no_such_option_for_this_test": True})
+    x, y = _data(4)
+    for algo in ("bptt", "d_rtrl", "esd_rtrl"):
+        trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.1), metrics=())
+        with pytest.raises(Exception, match="xla_no_such_option_for_this_test"):
+            trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    model = _model()
+    brainstate.nn.init_all_states(model, batch_size=4)
+    xs = jnp.asarray(np.swapaxes(x, 0, 1), jnp.float32)
+    with pytest.raises(Exception, match="xla_no_such_option_for_this_test"):
+        ef.sequence_grad(model, xs, jnp.zeros((T, 4, 2)), lambda out, target: jnp.mean((out - target) ** 2),
+                         algo="d_rtrl")
+
+
+def test_the_training_options_change_no_number():
+    """Copy insertion with region analysis removes copies, not arithmetic: a loop whose
+    carried values read one another (as a neuron's coupled states, a trace's per-unit
+    matrix do) gives the same bits with the options as without, and ``None`` stands for
+    no options where the probe fails (an XLA without the option)."""
+    from etrace_fit import _compat
+
+    def coupled(h):
+        def step(c, x):
+            a, b, d = c
+            return (0.9 * a + b * x, 0.8 * b + d, 0.7 * d + jnp.tanh(a)), a * b
+        return jax.lax.scan(step, (h, h + 1.0, h - 1.0), jnp.linspace(0.0, 1.0, 50))
+
+    h = jnp.linspace(-1.0, 1.0, 6400).reshape(32, 200)
+    plain = jax.jit(coupled)(h)
+    tuned = jax.jit(coupled, compiler_options=_compat.training_compiler_options())(h)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(tuned)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    probe = _compat.training_compiler_options.__wrapped__
+    original = _compat._REGION_ANALYSIS
+    try:
+        _compat._REGION_ANALYSIS = "xla_no_such_option_for_this_test"
+        assert probe() is None
+    finally:
+        _compat._REGION_ANALYSIS = original
