@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
     ["benchmarks/epoch_time.py", "--task", "rate", "--epochs", "2", "--rounds", "1", "--samples", "64"],
     ["benchmarks/fidelity.py", "--lengths", "4", "--batch", "2", "--hidden", "4"],
     ["benchmarks/es_floor.py", "--models", "lif", "--loss", "last", "--repeats", "1"],
+    ["benchmarks/demo_step.py", "--task", "rate", "--algos", "esd_rtrl", "bptt", "--calls", "2", "--rounds", "1"],
 ])
 def test_benchmark_script_runs(args):
     result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
