@@ -140,7 +140,7 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
     module = graph.module
     weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
     args = [weights, module.state_leaves(), [xs], ys]
-    options = _compat.training_compiler_options()  # as the Trainer compiles (both rules alike)
+    options = _compat.compiler_options()  # as the Trainer compiles (both rules alike)
     if rule != "bptt" and loss == "last":  # skip the pull-back of the steps without loss
         fn = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active="last"), compiler_options=options)
     else:
@@ -363,7 +363,7 @@ READING = [
     "floor still buffered `D`, `Df` and `G` for a chunk rule, which ES-D-RTRL no longer does (GRU "
     "0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the machine's noise is the spread).",
     "- Every program here, BPTT's too, is compiled as the Trainer compiles it (since 2026-11-25 night): on "
-    "CPU with XLA's copy insertion by region analysis (`_compat.training_compiler_options`), without which a "
+    "CPU with XLA's copy insertion by region analysis (`_compat.compiler_options`), without which a "
     "loop whose carried values read one another (a neuron's coupled states, D-RTRL's suffix product over a "
     "chunk) copies each of them every step. Alternated in one process (H = 128, B = 16, T = 200), the online "
     "programs gained 2–20 % (GRU: D-RTRL 0.90 → 0.87×, ES-D-RTRL 0.72 → 0.68×; LIF: D-RTRL 1.05 → 0.98×, "

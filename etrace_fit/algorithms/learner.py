@@ -213,7 +213,7 @@ class Learner:
                                        sharded=self.placement is not None, feedback=plan.feedback,
                                        readout=plan.readout)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(
-                program.run, compiler_options=_compat.training_compiler_options()))
+                program.run, compiler_options=_compat.compiler_options()))
         return self._compiled[key]
 
     def _note_new_program(self, key) -> None:
@@ -325,7 +325,7 @@ class Learner:
                 options = {} if active is None else {"active": active}
                 return program.run(weights, states, xs_leaves, targets, traces=traces, **options)
 
-            run = compiled.updates["stream"] = jax.jit(stream, compiler_options=_compat.training_compiler_options())
+            run = compiled.updates["stream"] = jax.jit(stream, compiler_options=_compat.compiler_options())
         module = compiled.module
         paths = {format_path(s.path): s.path for s in module.weights}
         weights = compiled.weight_leaves({paths[name]: value for name, value in state.weights.items() if name in paths})

@@ -203,7 +203,7 @@ def online_fit(
         program = compiled.program
         compiled.updates[key] = jax.jit(
             lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every),
-            compiler_options=_compat.training_compiler_options())
+            compiler_options=_compat.compiler_options())
     weights, opt_state, losses, final_leaves = compiled.updates[key](weights, compiled.state_leaves(),
                                                                      jax.tree.leaves(xs), targets, opt_state)
     compiled.write_states(final_leaves)

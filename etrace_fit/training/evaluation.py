@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _compat
 from ..callbacks import CallbackList
 from ..errors import ConfigError
 from .data import Arrays, batch_major, batches, check_count, check_finite, placement
@@ -36,7 +37,7 @@ class Evaluation:
         if self._forward is None:
             model = self._model
 
-            @brainstate.transform.jit(static_argnums=1)
+            @brainstate.transform.jit(static_argnums=1, compiler_options=_compat.compiler_options())
             def forward(xs, carry):
                 if not carry:
                     brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
@@ -64,7 +65,7 @@ class Evaluation:
         model, loss_fn, regularizers = self._model, self.loss_fn, self.regularizers
         step = model if self._step_fn is None else self._step_fn
 
-        @brainstate.transform.jit(static_argnums=3)
+        @brainstate.transform.jit(static_argnums=3, compiler_options=_compat.compiler_options())
         def eval_step(xs, ys, weight, carry=False):
             if not carry:
                 brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])

@@ -182,4 +182,4 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
                                     placement.constrain(next_state.rates, None))
         return next_state, StepResult(loss, logs, finite, grads, norms)
 
-    return jax.jit(train_step, static_argnames="start", compiler_options=_compat.training_compiler_options())
+    return jax.jit(train_step, static_argnames="start", compiler_options=_compat.compiler_options())

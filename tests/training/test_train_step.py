@@ -270,20 +270,25 @@ def test_a_non_finite_gradient_under_a_finite_loss_is_not_applied():
     assert all(np.array_equal(a, b) for a, b in zip(after, before))
 
 
-def test_training_programs_compile_with_the_training_compiler_options(monkeypatch):
-    """The Trainer's step and the online sequence programs are compiled with
-    ``_compat.training_compiler_options()`` (on CPU: copy insertion with region
-    analysis): an option XLA rejects, put there, fails the first batch of every rule
-    and of ``sequence_grad``; the real options are accepted on this machine."""
+def test_the_models_programs_compile_with_the_compiler_options(monkeypatch):
+    """The Trainer's step, its evaluation and prediction and the online sequence
+    programs are compiled with ``_compat.compiler_options()`` (on CPU: copy insertion
+    with region analysis): an option XLA rejects, put there, fails the first batch of
+    every rule, ``evaluate``, ``predict`` and ``sequence_grad``; the real options are
+    accepted on this machine."""
     from etrace_fit import _compat
 
-    assert _compat.training_compiler_options() == {"xla_cpu_copy_insertion_use_region_analysis": True}
-    monkeypatch.setattr(_compat, "training_compiler_options", lambda: {"xla_no_such_option_for_this_test": True})
+    assert _compat.compiler_options() == {"xla_cpu_copy_insertion_use_region_analysis": True}
+    monkeypatch.setattr(_compat, "compiler_options", lambda: {"xla_no_such_option_for_this_test": True})
     x, y = _data(4)
     for algo in ("bptt", "d_rtrl", "esd_rtrl"):
         trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.1), metrics=())
         with pytest.raises(Exception, match="xla_no_such_option_for_this_test"):
             trainer.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    trainer = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.1), metrics=())
+    for call in (lambda: trainer.evaluate(x, y, batch_size=4, verbose=0), lambda: trainer.predict(x, batch_size=4)):
+        with pytest.raises(Exception, match="xla_no_such_option_for_this_test"):
+            call()
     model = _model()
     brainstate.nn.init_all_states(model, batch_size=4)
     xs = jnp.asarray(np.swapaxes(x, 0, 1), jnp.float32)
@@ -307,10 +312,10 @@ def test_the_training_options_change_no_number():
 
     h = jnp.linspace(-1.0, 1.0, 6400).reshape(32, 200)
     plain = jax.jit(coupled)(h)
-    tuned = jax.jit(coupled, compiler_options=_compat.training_compiler_options())(h)
+    tuned = jax.jit(coupled, compiler_options=_compat.compiler_options())(h)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(tuned)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    probe = _compat.training_compiler_options.__wrapped__
+    probe = _compat.compiler_options.__wrapped__
     original = _compat._REGION_ANALYSIS
     try:
         _compat._REGION_ANALYSIS = "xla_no_such_option_for_this_test"
