@@ -3,12 +3,16 @@
     python benchmarks/demo.py [--seeds 0 1 2] [--algos hybrid bptt] [--json benchmarks/results/demo.json]
 
 For every seed, each algo trains the default task (the e-prop evidence task, T = 230,
-loss at the last step) from scratch with the command's defaults, in this process
-(``etrace_fit.cli.train``; no TensorBoard logs, no progress bar), one algo after the
-other (hybrid, bptt, hybrid, bptt, ...), so a noisy neighbour slows both alike. The
-table gives, per algo, the median over seeds of the final validation accuracy and of
-the wall time of ``fit`` (compilation included, as a user sees it), and their
-ratio to the last algo. ``benchmarks/speed.py --write-docs`` copies the table into
+loss at the last step) from scratch with the command's defaults (``etrace_fit.cli.train``;
+no TensorBoard logs, no progress bar), one algo after the other (hybrid, bptt, hybrid,
+bptt, ...), so a noisy neighbour slows both alike. Each run is a fresh Python process,
+as each ``etrace-fit train`` is: runs in one process had changed one another's times
+(2026-11-26: with the order hybrid, eprop, bptt, BPTT's second and third seeds took
+12.4–12.7 s against 14.8 s for its first and 15.3–15.9 s for the hybrid's; with the
+order bptt, hybrid both took 15.2–15.3 s). The table gives, per algo, the median over
+seeds of the final validation accuracy and of the wall time of ``fit`` (compilation
+included, as a user sees it; the process's start and imports not), and their ratio to
+the last algo. ``benchmarks/speed.py --write-docs`` copies the table into
 ``docs/performance.md`` when the JSON is there.
 """
 
@@ -19,11 +23,30 @@ import json
 import pathlib
 import shlex
 import statistics
+import subprocess
 import sys
 import time
-import warnings
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# One run in a fresh process: ``etrace-fit train`` with the given arguments; prints the
+# summary's accuracy and fit seconds as JSON on its last line.
+RUN = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
 from etrace_fit import cli
+summary = cli.train(cli._parser().parse_args(sys.argv[1:]))
+print(json.dumps({"accuracy": float(summary["accuracy"]), "seconds": float(summary["seconds"])}))
+"""
+
+
+def run(arguments: list[str]) -> dict:
+    """``etrace-fit train`` with ``arguments`` in a fresh Python process: its accuracy and
+    fit seconds."""
+    result = subprocess.run([sys.executable, "-c", RUN, *arguments], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"etrace-fit train {shlex.join(arguments)} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def table(results: dict) -> list[str]:
@@ -53,13 +76,9 @@ def main() -> None:
         for algo in args.algos:
             extra = [flag for name in ("epochs", "samples") if getattr(args, name)
                      for flag in (f"--{name}", str(getattr(args, name)))]
-            parsed = cli._parser().parse_args(["train", "--algo", algo, "--seed", str(seed), "--logdir", "none",
-                                               "--verbose", "0", *extra])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                summary = cli.train(parsed)
-            results[algo].append({"seed": seed, "accuracy": float(summary["accuracy"]),
-                                  "seconds": float(summary["seconds"])})
+            summary = run(["train", "--algo", algo, "--seed", str(seed), "--logdir", "none", "--verbose", "0",
+                           *extra])
+            results[algo].append({"seed": seed, **summary})
     text = "\n".join(table(results))
     print(text)
     if args.json:

@@ -47,12 +47,18 @@ DEFAULT_CHUNK = 100
 # short inner dimension) less often; measured 2026-11-25 (2 cores), chunks of 100 or 50
 # against 25: GRU H = 128, B = 16, T = 200, D-RTRL 1.12 → 0.92× BPTT, ES-D-RTRL 0.85 →
 # 0.73×; RLIF 1.31 → 1.06× and 0.85 → 0.75×; H = 512, B = 64, D-RTRL 1.93 → 1.55×
-# (chunks of 50). One case lost with longer chunks of larger buffers: the demo's ALIF
-# (three trace states, 0.5 MB of signals per step, loss at the last step), 37–39 ms a
-# batch in chunks of 23 against 47 in chunks of 100, hence the 16 MiB; and large
-# batches, whose 16 MiB would hold a few steps only, keep the chunks of 32 steps within
-# 64 MiB they ran well with before.
-_CHUNK_BUFFER_BYTES = 16 * 1024**2
+# (chunks of 50). The buffers' budget was 16 MiB until 2026-11-26, when 32 MiB measured
+# better (D-RTRL, chunk sizes alternated in one process, wall time against BPTT's): the
+# demo's ALIF (three trace states, 0.5 MB of signals per step by chunk_size's estimate,
+# B = 32, loss at the last step) in chunks of 38 against 19, 1.09 → 0.95× a batch; the
+# LIF net at B = 64, T = 200, in chunks of 100 against 50, 1.28 → 1.11×. Larger buffers
+# lost: the LIF net at B = 64 in chunks of 200 (36 MB) 1.55×, the demo in chunks of 114
+# (59 MB) 1.22×; and at T = 2000 chunks of 200 were no faster than chunks of 100 (GRU
+# 0.73 / 0.73×, RLIF 0.77 / 0.76×) for 1.7× the temp memory. (A sequence that fits one
+# chunk runs faster than any split of it, its trace never read, being zero: not a reason
+# for longer chunks.) Large batches, whose budget would hold a few steps only, keep the
+# chunks of 32 steps within 64 MiB.
+_CHUNK_BUFFER_BYTES = 32 * 1024**2
 _BASE_CHUNK, _BASE_BUFFER_BYTES = 32, 64 * 1024**2
 
 
@@ -577,7 +583,7 @@ def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array)
 def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None) -> int:
     """Steps per chunk: ``requested``, else the longer of :data:`DEFAULT_CHUNK` steps
     halved while the chunk's stacked signals would take more than the traces (or
-    16 MiB) and 32 steps halved likewise against the traces (or 64 MiB); at most the
+    32 MiB) and 32 steps halved likewise against the traces (or 64 MiB); at most the
     sequence length ``length``, and lowered (by at most half) to the size that leaves
     the shortest last chunk: a divisor of ``length`` when one exists."""
     if requested is not None:

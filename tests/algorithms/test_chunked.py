@@ -114,13 +114,13 @@ def test_chunk_size_is_automatic_and_bounded():
     assert chunk_size(pairs, rules, B, 8, 4096) == 64
     assert chunk_size(pairs, rules, B, 8, 10_000, requested=3) == 3
     # The chunk's buffers (here 45 numbers of 8 bytes per sample and step) are capped at
-    # 16 MiB while the traces are smaller: 600 samples fit 50 steps, not 100.
-    assert 100 * 600 * 45 * 8 > 16 * 2**20 >= 50 * 600 * 45 * 8
-    assert chunk_size(pairs, rules, 600, 8, 4100) == 50
-    # ... but not below 32 steps while those fit 64 MiB: 2000 samples fit 12 steps in
-    # 16 MiB, 32 in 64 MiB.
-    assert 25 * 2000 * 45 * 8 > 16 * 2**20 and 32 * 2000 * 45 * 8 <= 64 * 2**20
-    assert chunk_size(pairs, rules, 2000, 8, 4096) == 32
+    # 32 MiB while the traces are smaller: 1200 samples fit 50 steps, not 100.
+    assert 100 * 1200 * 45 * 8 > 32 * 2**20 >= 50 * 1200 * 45 * 8
+    assert chunk_size(pairs, rules, 1200, 8, 4100) == 50
+    # ... but not below 32 steps while those fit 64 MiB: 4000 samples fit 12 steps in
+    # 32 MiB, 32 in 64 MiB.
+    assert 25 * 4000 * 45 * 8 > 32 * 2**20 and 32 * 4000 * 45 * 8 <= 64 * 2**20
+    assert chunk_size(pairs, rules, 4000, 8, 4096) == 32
     assert chunk_size(pairs, rules, 10**7, 8, 4099) < DEFAULT_CHUNK  # a huge batch: shorter chunks
 
 
