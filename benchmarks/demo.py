@@ -12,8 +12,11 @@ as each ``etrace-fit train`` is: runs in one process had changed one another's t
 order bptt, hybrid both took 15.2–15.3 s). The table gives, per algo, the median over
 seeds of the final validation accuracy and of the wall time of ``fit`` (compilation
 included, as a user sees it; the process's start and imports not), and their ratio to
-the last algo. ``benchmarks/speed.py --write-docs`` copies the table into
-``docs/performance.md`` when the JSON is there.
+the last algo, and the first seed's time on its own. With ``--compile-cache fresh`` the
+runs share a compile cache that starts empty (``etrace-fit train --compile-cache``):
+each algo's first seed compiles its programs, its later seeds read them (by default
+every run compiles, as the command does by default). ``benchmarks/speed.py --write-docs``
+copies the table into ``docs/performance.md`` when the JSON is there.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,16 +54,20 @@ def run(arguments: list[str]) -> dict:
 
 
 def table(results: dict) -> list[str]:
-    """Markdown rows: per algo, median accuracy and seconds over the seeds."""
+    """Markdown rows: per algo, median accuracy and seconds over the seeds, and the first
+    seed's seconds (the run that compiled, when the runs shared a compile cache)."""
     algos = list(results)
     base = statistics.median(r["seconds"] for r in results[algos[-1]])
+    first_base = results[algos[-1]][0]["seconds"]
     lines = ["| algo | seeds | validation accuracy (median, min–max) | fit wall time s (median) | time / "
-             f"{algos[-1]} |", "|---|---|---|---|---|"]
+             f"{algos[-1]} | first seed s | first / {algos[-1]}'s |", "|---|---|---|---|---|---|---|"]
     for algo, runs in results.items():
         accuracies = [r["accuracy"] for r in runs]
         seconds = statistics.median(r["seconds"] for r in runs)
+        first = runs[0]["seconds"]
         lines.append(f"| {algo} | {len(runs)} | {statistics.median(accuracies):.3f} ({min(accuracies):.3f}–"
-                     f"{max(accuracies):.3f}) | {seconds:.1f} | {seconds / base:.2f} |")
+                     f"{max(accuracies):.3f}) | {seconds:.1f} | {seconds / base:.2f} | {first:.1f} | "
+                     f"{first / first_base:.2f} |")
     return lines
 
 
@@ -70,15 +78,21 @@ def main() -> None:
     parser.add_argument("--json", help="write the runs here")
     parser.add_argument("--epochs", type=int, help="fewer epochs than the task's (a smoke run)")
     parser.add_argument("--samples", type=int, help="fewer training sequences than the task's (a smoke run)")
+    parser.add_argument("--compile-cache", choices=["fresh", "none"], default="none",
+                        help="none (default, the command's default): every run compiles; fresh: the runs share "
+                             "a compile cache that starts empty (the first seed of each algo compiles, the later "
+                             "ones read its programs)")
     args = parser.parse_args()
     results: dict = {algo: [] for algo in args.algos}
-    for seed in args.seeds:
-        for algo in args.algos:
-            extra = [flag for name in ("epochs", "samples") if getattr(args, name)
-                     for flag in (f"--{name}", str(getattr(args, name)))]
-            summary = run(["train", "--algo", algo, "--seed", str(seed), "--logdir", "none", "--verbose", "0",
-                           *extra])
-            results[algo].append({"seed": seed, **summary})
+    with tempfile.TemporaryDirectory(prefix="etrace-fit-demo-cache-") as folder:
+        cache = folder if args.compile_cache == "fresh" else "none"
+        for seed in args.seeds:
+            for algo in args.algos:
+                extra = [flag for name in ("epochs", "samples") if getattr(args, name)
+                         for flag in (f"--{name}", str(getattr(args, name)))]
+                summary = run(["train", "--algo", algo, "--seed", str(seed), "--logdir", "none", "--verbose", "0",
+                               "--compile-cache", cache, *extra])
+                results[algo].append({"seed": seed, **summary})
     text = "\n".join(table(results))
     print(text)
     if args.json:

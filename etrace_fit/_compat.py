@@ -56,6 +56,7 @@ __all__ = [
     "used_inputs",
     "register_primitive",
     "compiler_options",
+    "use_compilation_cache",
 ]
 
 #: XLA's copy insertion with region analysis (the GPU backends use it by default; the
@@ -86,6 +87,39 @@ def compiler_options() -> dict[str, Any] | None:
     except Exception:  # an XLA without the option: its default copy insertion
         return None
     return options
+
+
+def _host_key() -> str:
+    """A name for this machine's kind of CPU: XLA compiles CPU programs for the host's
+    instruction set, so a folder shared by different CPUs (a cluster's home directory)
+    keeps one subfolder per kind."""
+    import hashlib
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags", "Features"))]
+    except OSError:
+        lines = []
+    described = "".join(dict.fromkeys(lines)) + platform.machine() + platform.processor()
+    return f"{platform.machine() or 'cpu'}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
+
+
+def use_compilation_cache(path: str | None) -> None:
+    """Keep the compiled programs of this process under the folder ``path`` (JAX's
+    persistent compilation cache; on CPU in a subfolder per kind of CPU), every program
+    however quick it compiled, and read them back from there instead of compiling again:
+    a later run of the same model and shapes (another seed) skips XLA's compilation.
+    ``None``: no cache. Takes effect from the next compilation on, in this process (JAX
+    decides whether to use its cache once, at its first compilation: the decision is
+    reset here)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    if path is not None and jax.default_backend() == "cpu":
+        path = f"{path}/{_host_key()}"
+    jax.config.update("jax_compilation_cache_dir", None if path is None else str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
 
 
 def is_tracer(value: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import distributed, layers
+from . import _compat, distributed, layers
 from .algorithms.registry import ALGOS
 from .callbacks import CSVLogger, ModelCheckpoint, TensorBoard
 from .datasets import copy_task, evidence_accumulation, load_mnist1d, rate_discrimination
@@ -340,6 +341,13 @@ TASKS["copy-gru"] = dataclasses.replace(
 
 
 # ---------------------------------------------------------------- running
+def compile_cache(args: argparse.Namespace) -> Path | None:
+    """The folder ``--compile-cache`` names, else ``$ETRACE_FIT_COMPILE_CACHE``; ``None``
+    when neither does, or for ``none``."""
+    value = getattr(args, "compile_cache", None) or os.environ.get("ETRACE_FIT_COMPILE_CACHE") or "none"
+    return None if value.strip().lower() == "none" else Path(value).expanduser()
+
+
 def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> argparse.ArgumentParser:
     """The options every task takes (``--task`` only when ``task`` is None)."""
     if task is None:
@@ -362,6 +370,10 @@ def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> a
     parser.add_argument("--distributed", action="store_true",
                         help="join a multi-host run first (etrace_fit.distributed.initialize: Slurm and Open MPI "
                              "are detected; one process per host) and use every device of every host")
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="keep the compiled programs here (a subfolder per kind of CPU), so that a later run "
+                             "of the same task and settings (another seed) skips compiling (default: "
+                             "$ETRACE_FIT_COMPILE_CACHE, else none)")
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                         help="0 quiet, 1 a progress bar per epoch (default), 2 one line per epoch")
     return parser
@@ -446,6 +458,7 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     data_dir = getattr(args, "data_dir", None)
     if getattr(args, "distributed", False):  # before anything runs on a device
         distributed.initialize()
+    _compat.use_compilation_cache(compile_cache(args))  # before anything compiles
     main = distributed.is_main_process()  # only process 0 prints and writes
 
     brainstate.environ.set(dt=1.0)

@@ -15,6 +15,11 @@ import os
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
+# The training runs the tests start (etrace-fit train, tasks.run) keep no compiled
+# programs on disk even where the user's environment asks for it: no run reads another's
+# (the compile cache's own test names a folder).
+os.environ["ETRACE_FIT_COMPILE_CACHE"] = "none"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -91,3 +91,34 @@ def test_the_demo_reaches_90_percent_validation_accuracy(tmp_path):
     out = done.stdout
     accuracy = float(out.split("validation accuracy ")[1].split()[0])
     assert accuracy >= 0.9, out
+
+
+def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_path):
+    """``--compile-cache DIR``: the first run keeps its compiled programs there (in a
+    subfolder for this kind of CPU), and a
+    second run of the same settings (another seed) compiles nothing new — no file is
+    added, every program came from the folder — while a run with more epochs (another
+    learning-rate schedule in the step) adds its step; ``$ETRACE_FIT_COMPILE_CACHE``
+    names the folder when the option does not, and ``none`` keeps none. Fresh
+    processes: JAX decides on its cache once per process."""
+    cache, unused = tmp_path / "cache", tmp_path / "unused"
+    argv = [sys.executable, "-m", "etrace_fit", "train", "--task", "rate", "--epochs", "1", "--samples", "32",
+            "--val-samples", "16", "--batch-size", "16", "--logdir", "none", "--verbose", "0"]
+
+    def train(*extra, variable="none"):
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "ETRACE_FIT_COMPILE_CACHE": variable})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "validation accuracy" in done.stdout
+
+    train("--compile-cache", str(cache), "--seed", "1")
+    (host,) = cache.iterdir()  # one subfolder: this machine's kind of CPU
+    first = sorted(p.name for p in host.iterdir())
+    assert any(name.startswith("jit_train_step") for name in first), first  # the training step is there
+    train("--seed", "2", variable=str(cache))
+    assert sorted(p.name for p in host.iterdir()) == first
+    train("--seed", "2", "--epochs", "2", variable=str(cache))
+    added = {p.name for p in host.iterdir()} - set(first)
+    assert added and all(name.startswith("jit_train_step") for name in added), added
+    train("--compile-cache", "none", variable=str(unused))
+    assert not unused.exists()
