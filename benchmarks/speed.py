@@ -314,7 +314,8 @@ READING = [
     "A/B in one process). The forward pass and `D`, `Df` still run at every step (the traces must advance); "
     "BPTT's backward pass cannot skip anything.",
     "- Chunks of up to 100 steps (2026-11-25; 25 before, as the chunk column of the rows not measured again "
-    "shows) while their buffers take at most 32 MiB (16 MiB until 2026-11-26) or the traces' size, never "
+    "shows) while their buffers take at most 32 MiB (16 MiB until 2026-11-26, and still under ES-D-RTRL "
+    "alone) or the traces' size, never "
     "shorter than the 32 steps within 64 MiB of before: each chunk pays fixed work (the trace's passes, the "
     "loop's start, GEMMs with a short inner dimension), so longer chunks win until their buffers outgrow the "
     "caches (docs/theory.md §5.9). H = 128, B = 16, T = 200, loss at every step, chunks of 100 against 25 in "

@@ -117,6 +117,14 @@ def test_chunk_size_is_automatic_and_bounded():
     # 32 MiB while the traces are smaller: 1200 samples fit 50 steps, not 100.
     assert 100 * 1200 * 45 * 8 > 32 * 2**20 >= 50 * 1200 * 45 * 8
     assert chunk_size(pairs, rules, 1200, 8, 4100) == 50
+    # Without a rule that reads and writes its trace once per chunk (ES-D-RTRL keeps
+    # rows for one GEMM) the budget stays 16 MiB: the same 1200 samples run 25 steps
+    # (the 32 steps of 64 MiB, lowered to a divisor of 4100).
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        _, es_plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="esd_rtrl")
+    assert not any(hasattr(rule, "chunk") for rule in es_plan.rules)
+    assert chunk_size(es_plan.pairs, es_plan.rules, 1200, 8, 4100) == 25
     # ... but not below 32 steps while those fit 64 MiB: 4000 samples fit 12 steps in
     # 32 MiB, 32 in 64 MiB.
     assert 25 * 4000 * 45 * 8 > 32 * 2**20 and 32 * 4000 * 45 * 8 <= 64 * 2**20
