@@ -341,11 +341,14 @@ TASKS["copy-gru"] = dataclasses.replace(
 
 
 # ---------------------------------------------------------------- running
-def compile_cache(args: argparse.Namespace) -> Path | None:
-    """The folder ``--compile-cache`` names, else ``$ETRACE_FIT_COMPILE_CACHE``; ``None``
-    when neither does, or for ``none``."""
-    value = getattr(args, "compile_cache", None) or os.environ.get("ETRACE_FIT_COMPILE_CACHE") or "none"
-    return None if value.strip().lower() == "none" else Path(value).expanduser()
+def compile_cache(args: argparse.Namespace) -> Path | str | None:
+    """The folder ``--compile-cache`` names, else ``$ETRACE_FIT_COMPILE_CACHE``: a path,
+    ``"none"`` (no cache), or ``None`` when neither says (JAX's own settings stand, its
+    ``JAX_COMPILATION_CACHE_DIR`` included)."""
+    value = getattr(args, "compile_cache", None) or os.environ.get("ETRACE_FIT_COMPILE_CACHE")
+    if value is None or value.strip().lower() == "none":
+        return None if value is None else "none"
+    return Path(value).expanduser()
 
 
 def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> argparse.ArgumentParser:
@@ -373,7 +376,8 @@ def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> a
     parser.add_argument("--compile-cache", default=None, metavar="DIR",
                         help="keep the compiled programs here (a subfolder per kind of CPU), so that a later run "
                              "of the same task and settings (another seed) skips compiling (default: "
-                             "$ETRACE_FIT_COMPILE_CACHE, else none)")
+                             "$ETRACE_FIT_COMPILE_CACHE, else JAX's own setting: none unless "
+                             "$JAX_COMPILATION_CACHE_DIR; 'none' for none)")
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                         help="0 quiet, 1 a progress bar per epoch (default), 2 one line per epoch")
     return parser
@@ -458,7 +462,9 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     data_dir = getattr(args, "data_dir", None)
     if getattr(args, "distributed", False):  # before anything runs on a device
         distributed.initialize()
-    _compat.use_compilation_cache(compile_cache(args))  # before anything compiles
+    cache = compile_cache(args)
+    if cache is not None:  # before anything compiles
+        _compat.use_compilation_cache(None if cache == "none" else cache)
     main = distributed.is_main_process()  # only process 0 prints and writes
 
     brainstate.environ.set(dt=1.0)

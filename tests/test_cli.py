@@ -99,15 +99,18 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     second run of the same settings (another seed) compiles nothing new — no file is
     added, every program came from the folder — while a run with more epochs (another
     learning-rate schedule in the step) adds its step; ``$ETRACE_FIT_COMPILE_CACHE``
-    names the folder when the option does not, and ``none`` keeps none. Fresh
-    processes: JAX decides on its cache once per process."""
+    names the folder when the option does not, and ``none`` keeps none; when neither
+    says, JAX's own cache setting stands. Fresh processes: JAX decides on its cache once
+    per process."""
     cache, unused = tmp_path / "cache", tmp_path / "unused"
     argv = [sys.executable, "-m", "etrace_fit", "train", "--task", "rate", "--epochs", "1", "--samples", "32",
             "--val-samples", "16", "--batch-size", "16", "--logdir", "none", "--verbose", "0"]
 
-    def train(*extra, variable="none"):
-        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "ETRACE_FIT_COMPILE_CACHE": variable})
+    def train(*extra, variable="none", **environment):
+        env = {**os.environ, "ETRACE_FIT_COMPILE_CACHE": variable, **environment}
+        if variable is None:
+            del env["ETRACE_FIT_COMPILE_CACHE"]
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "validation accuracy" in done.stdout
 
@@ -122,3 +125,6 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     assert added and all(name.startswith("jit_train_step") for name in added), added
     train("--compile-cache", "none", variable=str(unused))
     assert not unused.exists()
+    jax_own = tmp_path / "jax"  # neither says: JAX's variables decide
+    train(variable=None, JAX_COMPILATION_CACHE_DIR=str(jax_own), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    assert any(p.name.startswith("jit_train_step") for p in jax_own.iterdir())
