@@ -29,6 +29,7 @@ from . import _compat, distributed, layers
 from .algorithms.registry import ALGOS
 from .callbacks import CSVLogger, ModelCheckpoint, TensorBoard
 from .datasets import copy_task, evidence_accumulation, load_mnist1d, rate_discrimination
+from .errors import ConfigError
 from .layers import Sequential
 from .training import NeuronRateRegularizer, Trainer
 
@@ -341,14 +342,24 @@ TASKS["copy-gru"] = dataclasses.replace(
 
 
 # ---------------------------------------------------------------- running
-def compile_cache(args: argparse.Namespace) -> Path | str | None:
-    """The folder ``--compile-cache`` names, else ``$ETRACE_FIT_COMPILE_CACHE``: a path,
-    ``"none"`` (no cache), or ``None`` when neither says (JAX's own settings stand, its
-    ``JAX_COMPILATION_CACHE_DIR`` included)."""
+def _use_compile_cache(args: argparse.Namespace) -> None:
+    """Point JAX's compilation cache at the folder ``--compile-cache`` names, else
+    ``$ETRACE_FIT_COMPILE_CACHE`` (``none``: no cache); when neither says, JAX's own
+    settings stand (its ``JAX_COMPILATION_CACHE_DIR`` included). A folder that cannot be
+    made is a :class:`ConfigError`, before anything compiles."""
     value = getattr(args, "compile_cache", None) or os.environ.get("ETRACE_FIT_COMPILE_CACHE")
-    if value is None or value.strip().lower() == "none":
-        return None if value is None else "none"
-    return Path(value).expanduser()
+    if value is None:
+        return
+    if value.strip().lower() == "none":
+        _compat.use_compilation_cache(None)
+        return
+    folder = Path(value).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--compile-cache: cannot use {str(folder)!r} as a folder for compiled programs "
+                          f"({error.strerror or error}); give a writable folder or 'none'") from error
+    _compat.use_compilation_cache(folder)
 
 
 def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> argparse.ArgumentParser:
@@ -462,9 +473,7 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     data_dir = getattr(args, "data_dir", None)
     if getattr(args, "distributed", False):  # before anything runs on a device
         distributed.initialize()
-    cache = compile_cache(args)
-    if cache is not None:  # before anything compiles
-        _compat.use_compilation_cache(None if cache == "none" else cache)
+    _use_compile_cache(args)  # before anything compiles
     main = distributed.is_main_process()  # only process 0 prints and writes
 
     brainstate.environ.set(dt=1.0)

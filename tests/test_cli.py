@@ -128,3 +128,17 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     jax_own = tmp_path / "jax"  # neither says: JAX's variables decide
     train(variable=None, JAX_COMPILATION_CACHE_DIR=str(jax_own), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     assert any(p.name.startswith("jit_train_step") for p in jax_own.iterdir())
+
+
+def test_a_compile_cache_that_is_not_a_folder_is_reported_before_training(tmp_path, capsys, restore_dt):
+    """A ``--compile-cache`` path that cannot be a folder (here a file) is a usage error
+    naming the option and the path, before any training; no run folder is made."""
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    logs = tmp_path / "runs"
+    code = main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", str(logs),
+                 "--verbose", "0", "--compile-cache", str(taken / "cache")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: --compile-cache: cannot use" in err and str(taken / "cache") in err
+    assert not logs.exists()

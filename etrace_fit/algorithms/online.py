@@ -61,7 +61,7 @@ DEFAULT_CHUNK = 100
 # once per chunk (a ``chunk`` method: D-RTRL, e-prop); ES-D-RTRL's work per chunk is one
 # GEMM over the rows it kept, measured within noise from 25 to 200 steps (GRU 0.70–0.76×
 # BPTT), so a program of such rules only keeps _ROWS_BUFFER_BYTES and its memory (the
-# GRU at B = 64, T = 50: 14.6 MiB of temp in chunks of 25, 21.5 in one of 50).
+# GRU at B = 64, T = 50: 11.1 MiB of temp in chunks of 25, 21.5 in one of 50).
 _CHUNK_BUFFER_BYTES = 32 * 1024**2
 _ROWS_BUFFER_BYTES = 16 * 1024**2
 _BASE_CHUNK, _BASE_BUFFER_BYTES = 32, 64 * 1024**2
