@@ -6,9 +6,10 @@ weight-gradient GEMMs, and BPTT, interleaved in one process.
 For each model of ``speed.py`` (H = 128, B = 16, T = 200, the issue's target size) it
 compiles four whole-sequence gradients: ``bptt``; ``esd_rtrl``; ``no_rule_gemm``, which
 is ``esd_rtrl`` with ``ESDRTRL.finish_rows`` replaced by a stand-in that reads its rows
-once and does no GEMM (the rule's one GEMM per chunk, ``X^T (dY + h̃)``, and its filter
-gone); and ``loop_only``, which also replaces the deferred ops' per-chunk GEMMs (the
-readout's ``X^T δy``) by such a stand-in. Their gradients are wrong; only their time
+once and does no GEMM (the rule's GEMMs per chunk, ``Eᵀ R`` over the chunk's rows of
+``ε_x`` and signals and the last step's ``ε_xᵀ dY``, gone); and ``loop_only``, which
+also replaces the deferred ops' per-chunk GEMMs (the readout's ``X^T δy``) by such a
+stand-in. Their gradients are wrong; only their time
 matters. ``loop_only`` is the step loop: the forward pass, the pull-back for the
 learning signal ``∂L^t/∂h^{t−1}`` (docs/theory.md §5.8), ``D``, ``Df``, ε_f advanced in
 the loop and the rows stacked. The GEMMs removed have the FLOPs of BPTT's
@@ -36,11 +37,11 @@ from etrace_fit.algorithms.esd_rtrl import ESDRTRL  # noqa: E402
 from etrace_fit.ops import etp_op_info  # noqa: E402
 
 
-def _no_rule_gemm(self, start, traces, rows):
-    """Reads the rows once, no GEMM and no filter: the gradient is wrong."""
-    X, history = rows[0], rows[1]
-    touched = X.sum() + history.sum()
-    return jnp.zeros((X.shape[-1], history.shape[-1]), X.dtype) + touched, traces
+def _no_rule_gemm(self, start, inner, rows):
+    """Reads the rows once, no GEMM: the gradient is wrong."""
+    E, R = rows
+    touched = E.sum() + R.sum()
+    return jnp.zeros((E.shape[-1], R.shape[-1]), E.dtype) + touched, tuple(inner[:2])
 
 
 def _no_deferred_gemm(eqn, xs, cotangents, dtype):

@@ -10,10 +10,10 @@ one-step part, the second (the history) is zero at ``t = 0``. Memory ``B·P·(K 
 ``(B, P, K)`` and ``ε_f`` ``(B, P, S, O)``, each state's slab contiguous. Exact at ``t = 0``
 and, at every step, on a leaky linear integrator whose Jacobian is the constant ``α``.
 
-The engine runs the rule inside its step loop: ``step_rows`` advances ``ε_f`` and keeps
-each step's ``X``, history and ``dY``; ``finish_rows`` regroups a chunk of them into one
-GEMM over ``C·B·P`` rows (BPTT's size) and advances ``ε_x`` once. ``step`` is the same
-math one step at a time (the reference the tests hold the chunked form to).
+The engine runs the rule inside its step loop: ``step_rows`` advances both traces and
+keeps each step's ``ε_x^{t-1}`` and one signal row; ``finish_rows`` turns a chunk of them
+into one GEMM over ``C·B·P`` rows (BPTT's size). ``step`` is the same math one step at a
+time (the reference the tests hold the chunked form to).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from ..errors import ConfigError
 from .base import PairSignals, TracedPair, gram, split_states
@@ -92,44 +91,50 @@ class ESDRTRL:
         of the step loop's time on CPU: it is written and read through strided slices)."""
         return split_states(signals)
 
-    def step_rows(self, traces, signals: PairSignals, t: jax.Array):
-        """One step inside the engine's step loop (steps with a loss): ``ε_f`` advanced
-        and what :meth:`finish_rows` needs of this step, ``(X, history, dY)``; ``ε_x``
-        is advanced once per chunk there. The engine stacks the rows over the chunk:
-        no buffers of ``D``, ``Df``, ``G`` and no second loop over them."""
-        X, G, dY = signals.X, signals.G, signals.dY
+    def begin_rows(self, traces):
+        """The state :meth:`step_rows` carries over a chunk: the traces and the previous
+        step's ``dY`` (zero at the chunk's start; it meets ``ε_x`` one step later)."""
         eps_x, eps_f = traces
-        rows = (X, self._history(G, eps_f, t), dY)
-        return rows, (eps_x, self.advance_step(traces, signals)[1])
+        dtype = jnp.promote_types(eps_f.dtype, jnp.float32)
+        return eps_x, eps_f, jnp.zeros(eps_f[:, :, 0].shape, dtype)
 
-    def finish_rows(self, start, traces, rows):
+    def step_rows(self, inner, signals: PairSignals, t: jax.Array):
+        """One step inside the engine's step loop (steps with a loss): both traces
+        advanced, and the step's rows ``(ε_x^{t-1}, dY^{t-1} + h^t − α dY^t)`` with ``h^t``
+        the history signal ``Σ_s G ε_f^{t-1} / (1 − α^t)``. No buffers of ``D``, ``Df``,
+        ``G``, no second loop over them, and no reverse filter (:meth:`finish_rows`).
+
+        Why these rows: with ``e_j`` the ``ε_x`` before step ``j`` of a chunk, the chunk's
+        gradient is ``Σ_j X_jᵀ dY_j + e_jᵀ h_j``, and ``X_j = e_{j+1} − α e_j``, so it
+        regroups exactly into ``Σ_j e_jᵀ (dY_{j−1} + h_j − α dY_j) + e_Cᵀ dY_{C−1}``
+        (``dY_{−1}`` = 0): each row of ``ε_x`` meets one signal row, in the order the
+        step loop makes them."""
+        X, G, dY = signals.X, signals.G, signals.dY
+        eps_x, eps_f, dY_prev = inner
+        signal = self._history(G, eps_f, t).astype(dY_prev.dtype) + dY_prev
+        if dY is not None:  # this pair takes its relation's one-step part
+            dY = dY.astype(dY_prev.dtype)
+            signal, dY_prev = signal - self.alpha * dY, dY
+        eps_x_new, eps_f_new = self.advance_step((eps_x, eps_f), signals)
+        return (eps_x, signal), (eps_x_new, eps_f_new, dY_prev)
+
+    def finish_rows(self, start, inner, rows):
         """The chunk's gradient and final traces from :meth:`step_rows`' rows stacked over
-        it (leading axis ``C``), ``start`` the traces at the chunk's start and ``traces``
-        after its last step.
+        it (leading axis ``C``) and its carried state after the last step: one GEMM over
+        ``C·B·P`` rows (BPTT's size) and one over ``B·P`` for the last step's ``dY``.
+        ``start`` (the traces at the chunk's start) is the first row already.
 
-        ``ε_x`` before step ``i`` of the chunk is ``α^i ε_x⁰ + Σ_{j<i} α^{i-1-j} X_j``, so
-        the history part ``Σ_i ε_x^{(i)}ᵀ h_i`` regroups exactly into
-        ``Σ_j X_jᵀ h̃_j + ε_x⁰ᵀ Σ_i α^i h_i`` with ``h̃_j = Σ_{i>j} α^{i-1-j} h_i``: one
-        GEMM over ``C·B·P`` rows for both parts (``X_jᵀ (dY_j + h̃_j)``, BPTT's size; the
-        per-step form stacks ``[X; ε_x]``, twice the rows) and a small one for the start."""
-        X, history, dY = rows
-        eps_x = start[0]
-        steps = X.shape[0]
-        dtype = jnp.promote_types(history.dtype, jnp.float32)
-        powers = jnp.asarray(self.alpha, dtype) ** jnp.arange(steps, dtype=dtype)
-        new_x = (self.alpha ** steps * eps_x + jnp.einsum("c,cbpk->bpk", powers[::-1].astype(X.dtype), X))
-        # h̃_j = h_{j+1} + α h̃_{j+1}, h̃_{C-1} = 0: a reverse scan whose carry at step j is
-        # h̃_j, emitted with dY_j added (a (C × C) filter matrix as one product measured
-        # slower: 85 against 58 µs per chunk of 25 × 2048; shifting the history by a step
-        # and adding dY after the scan were two more passes over the chunk's rows).
-        def backward(filtered, inputs):
-            h, dY_j = inputs
-            return h + self.alpha * filtered, filtered if dY_j is None else filtered + dY_j.astype(filtered.dtype)
-
-        _, signal = lax.scan(backward, jnp.zeros_like(history[0]), (history, dY), reverse=True)
-        grad = gram(X, signal.astype(X.dtype))
-        grad = grad + gram(eps_x.astype(dtype), jnp.einsum("c,cbpo->bpo", powers, history))
-        return grad, (new_x.astype(eps_x.dtype), traces[1])
+        Measured 2026-11-26 against the form it replaced (rows ``X``, history, ``dY``;
+        ``ε_x`` advanced once per chunk; the history filtered by a reverse scan over the
+        chunk, ``h̃_j = Σ_{i>j} α^{i−1−j} h_i``, before the GEMM), H = 128, B = 16,
+        T = 200, loss at every step, alternated in one process: GRU 0.687 → 0.659×
+        BPTT, feed-forward LIF 0.896 → 0.792×, RLIF 0.741 → 0.732×; the GRU's temp
+        memory 11.0 → 7.9 MiB."""
+        E, R = rows
+        eps_x, eps_f, dY_last = inner
+        dtype = jnp.promote_types(R.dtype, jnp.float32)
+        grad = gram(E, R.astype(E.dtype)) + gram(eps_x.astype(dtype), dY_last)
+        return grad, (eps_x, eps_f)
 
     def advance_step(self, traces, signals: PairSignals):
         """The traces after one step without learning signal: a few elementwise ops,

@@ -714,7 +714,8 @@ def build_online(
             signals = [rows.get(n) if n in inner else s for n, s in enumerate(signals)]
             return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)
 
-        inner = {n: traces[n] for n in stepwise | rowwise}
+        inner = {n: rules[n].begin_rows(traces[n]) if n in rowwise and hasattr(rules[n], "begin_rows") else traces[n]
+                 for n in stepwise | rowwise}  # what the step loop carries per rule
         length = jax.tree.leaves(inputs)[0].shape[0]
         steps = t + jnp.arange(length, dtype=t.dtype)
         # Signals that are the same at every step (a membrane's ∂V/∂x = 1, a zero

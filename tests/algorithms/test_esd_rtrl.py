@@ -184,8 +184,9 @@ def _random_signals(rng, C, B_, P, K, O_, S, with_dY):
 @pytest.mark.parametrize("with_dY", [True, False])
 @pytest.mark.parametrize("t0", [0, 7])
 def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
-    """What the engine runs with a loss (``step_rows`` in the step loop, ``finish_rows``
-    once per chunk: the regrouped GEMM and ε_x advanced once) equals ``step`` scanned
+    """What the engine runs with a loss (``begin_rows`` at the chunk's start,
+    ``step_rows`` in the step loop, ``finish_rows`` once per chunk: the rows of ``ε_x``
+    against signals shifted by a step, one GEMM) equals ``step`` scanned
     over the same chunk, float64: the gradient and both traces, at the sequence's start
     (t0 = 0: no history at the first step) and mid-sequence, with and without the
     one-step part, S = 2 (D a 2×2 block per unit), and α = 0 (the filter's 0⁰ = 1)."""
@@ -206,7 +207,7 @@ def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
         for c in range(C):
             grad, traces = rule.step(traces, at(c), jnp.asarray(t0 + c))
             want = want + grad
-        rows, inner = [], start
+        rows, inner = [], rule.begin_rows(start)
         for c in range(C):
             row, inner = rule.step_rows(inner, at(c), jnp.asarray(t0 + c))
             rows.append(row)
