@@ -304,8 +304,9 @@ READING = [
     "learning signal and the one-step gradients, `D` and `Df`). D-RTRL then reads and writes its trace once "
     "per chunk and does its weight-gradient work as GEMMs over `C·B` rows (docs/theory.md §5.9), so at these "
     "sizes it costs about what BPTT does while its memory stays flat in T. ES-D-RTRL runs inside the step "
-    "loop itself: `ε_f` advances per step, and after the loop one GEMM over `C·B` rows gives both gradient "
-    "parts (docs/theory.md §5.9, last paragraphs).",
+    "loop itself: both traces advance per step, the loop keeps each step's `ε_x` and one signal row, and "
+    "after the loop one GEMM over `C·B` rows gives both gradient parts (docs/theory.md §5.9, last "
+    "paragraphs).",
     "- With the loss at the last step only (`active=\"last\"`), every step but the last skips the pull-back, "
     "does not evaluate the loss (a stateless readout drops out) and only advances the traces: ES-D-RTRL and "
     "a small D-RTRL trace (at most 4096 numbers per sample) inside the step loop, a larger D-RTRL trace once "
@@ -350,25 +351,35 @@ READING = [
     "instead of 1.37 s and lowers in 0.31 s instead of 0.39 s as 12 × 19 + 1 steps instead of 9 × 23 + 22 — "
     "the shorter last chunk was a second copy of the chunk's program (2410 against 2678 HLO instructions; "
     "2007 without any).",
-    "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6×: "
+    "- 2026-11-26, two changes to ES-D-RTRL with the loss at every step (H = 128, B = 16, T = 200, each "
+    "alternated with the code before it in one process, wall time / BPTT's): (1) the chunk lost its reverse "
+    "filter: the step loop keeps `ε_x` before each step and the signal row `δy_{j−1} + h_j − α δy_j`, which "
+    "regroups the chunk's gradient exactly into one GEMM (docs/theory.md §5.9) — GRU 0.687 → 0.659×, LIF "
+    "0.896 → 0.792×, RLIF 0.741 → 0.732×, the GRU's temp memory 11.0 → 7.9 MiB; (2) the pull-back of a "
+    "gate's `[x, h]` reads the weight's row blocks transposed once per sequence (XLA on CPU ran "
+    "`δ @ W[rows]ᵀ` with the transpose folded into the product at 9.5 µs a step against 6.4 for a "
+    "row-major operand) — GRU 0.633 → 0.608×, RLIF 0.763 → 0.712×, and D-RTRL on the RLIF net 1.051 → "
+    "1.009×. The target rows above were measured after both.",
+    "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
-    "GEMM and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
-    "(the forward pass, the pull-back for `∂L^t/∂h^{t−1}`, docs/theory.md §5.8, `D`, `Df`, `ε_f`). "
-    "2026-11-25, H = 128, B = 16, T = 200, medians of 21 interleaved calls, as ratios to BPTT:",
+    "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
+    "(the forward pass, the pull-back for `∂L^t/∂h^{t−1}`, docs/theory.md §5.8, `D`, `Df`, both traces). "
+    "2026-11-26, H = 128, B = 16, T = 200, medians of 21 interleaved calls, as ratios to BPTT:",
     "",
-    "  | model | ES-D-RTRL | without the rule's GEMM | step loop only |",
+    "  | model | ES-D-RTRL | without the rule's GEMMs | step loop only |",
     "  |---|---|---|---|",
-    "  | LIF (feed-forward) | 0.79 | 0.62 | 0.55 |",
-    "  | GRU | 0.78 | 0.61 | 0.56 |",
-    "  | RLIF | 0.71 | 0.55 | 0.48 |",
+    "  | LIF (feed-forward) | 0.78 | 0.61 | 0.61 |",
+    "  | GRU | 0.60 | 0.53 | 0.48 |",
+    "  | RLIF | 0.65 | 0.51 | 0.52 |",
     "",
-    "  The step loop alone costs 0.48–0.56× BPTT: the learning signal needs the pull-back through the step at "
-    "every step, the same reverse sweep as BPTT's backward pass. The GEMMs on top have exactly the FLOPs of "
-    "BPTT's weight-gradient GEMMs (2·T·B·K·O per weight); batched over the chunk they run faster than BPTT's "
-    "per-step ones, but on this CPU they still cost 0.15–0.25× BPTT. So ≈ 0.7× is where the rule can get "
-    "here, not 0.6×. An earlier version of this page (2026-11-24) called 0.78× / 0.69× a floor: that "
-    "floor still buffered `D`, `Df` and `G` for a chunk rule, which ES-D-RTRL no longer does (GRU "
-    "0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the machine's noise is the spread).",
+    "  The step loop alone costs 0.48–0.61× BPTT: the learning signal needs the pull-back through the step at "
+    "every step, the same reverse sweep as BPTT's backward pass. On the feed-forward LIF net BPTT's whole step "
+    "takes ~26 µs (forward and backward), and the online loop's ~20 XLA kernels a step cost about 0.6× of it "
+    "before any weight gradient; the rule's GEMM, `(65 × 1600)(1600 × 128)` per chunk, adds 0.17×. The GRU, "
+    "whose steps are GEMM-bound, sits at the target (0.60–0.61×). An earlier version of this page "
+    "(2026-11-24) called 0.78× / 0.69× a floor: that floor still buffered `D`, `Df` and `G` for a chunk "
+    "rule, which ES-D-RTRL no longer does (GRU 0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the "
+    "machine's noise is the spread); the 2026-11-25 version of this table read 0.79 / 0.78 / 0.71.",
     "- Every program here, BPTT's too, is compiled as the Trainer compiles it (since 2026-11-25 night): on "
     "CPU with XLA's copy insertion by region analysis (`_compat.compiler_options`), without which a "
     "loop whose carried values read one another (a neuron's coupled states, D-RTRL's suffix product over a "
@@ -379,6 +390,14 @@ READING = [
     "- Tried and reverted (2026-11-25, no gain measured): computing a feed-forward layer's input product for "
     "a whole chunk before the step loop (one GEMM over `C·B` rows; on CPU the per-step small GEMM costs "
     "the same), and ES-D-RTRL's in-chunk filter as a `C×C` matrix product (slower than a reverse scan).",
+    "- Tried and reverted (2026-11-26, alternated in one process): the pull-back moved out of the step loop "
+    "and run once per chunk, vmapped over its steps from the stacked states (ES-D-RTRL: GRU 0.73 → 0.72×, "
+    "LIF 0.89 → 1.05×: the batched pass reads and writes `(C, B, H)` arrays that leave the caches, where "
+    "the per-step pull-back works on a few KB); the readout's weight transposed for its pull-back as the "
+    "gates' are (GRU 0.616 → 0.648×); the step loop reading its inputs off the whole sequence instead of a "
+    "sliced chunk (within noise); the step loop's stacked signals carried from chunk to chunk, so that XLA "
+    "does not zero-fill them anew for each chunk (the demo's step 0.98 → 1.05× BPTT's); D-RTRL's reach "
+    "written in place into the buffers of `D` and `Df` (the demo's step within noise, LIF 1.02 → 1.09×).",
 ]
 
 
