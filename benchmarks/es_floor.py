@@ -37,7 +37,7 @@ from etrace_fit.algorithms.esd_rtrl import ESDRTRL  # noqa: E402
 from etrace_fit.ops import etp_op_info  # noqa: E402
 
 
-def _no_rule_gemm(self, start, inner, rows):
+def _no_rule_gemm(self, inner, rows):
     """Reads the rows once, no GEMM: the gradient is wrong."""
     E, R = rows
     touched = E.sum() + R.sum()

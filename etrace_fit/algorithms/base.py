@@ -108,14 +108,14 @@ class Rule(Protocol):
     step loop on steps it knows have no loss, instead of a loop of its own per chunk
     (ES-D-RTRL; D-RTRL reads its whole trace per step, so only a small trace's rule
     has it — ``None`` means the rule has none);
-    ``step_rows(inner, signals, t)`` and ``finish_rows(start, inner, rows)``: the
-    rule on steps with a loss inside the engine's step loop — ``step_rows`` advances
-    what must advance per step (``inner``: the chunk's starting traces, or what
-    ``begin_rows(traces)`` makes of them when the rule has it) and returns the rows of
-    its per-chunk gradient, which the engine stacks over the chunk and hands to
-    ``finish_rows`` with the traces at the chunk's start and the carried ``inner``
-    after its last step, for ``(the chunk's gradient, the final traces)`` (ES-D-RTRL:
-    no buffers of ``D``, ``Df``, ``G`` and no second loop); and
+    ``begin_rows(traces)``, ``step_rows(inner, signals, t)`` and
+    ``finish_rows(inner, rows)``: the rule on steps with a loss inside the engine's
+    step loop — ``begin_rows`` makes the state the loop carries from the chunk's
+    starting traces, ``step_rows`` advances it per step and returns the rows of the
+    chunk's gradient, which the engine stacks over the chunk and hands to
+    ``finish_rows`` with the state after the last step, for ``(the chunk's gradient,
+    the final traces)`` (ES-D-RTRL: no buffers of ``D``, ``Df``, ``G`` and no second
+    loop); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program); and ``takes_fixed = True``: its
     ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at

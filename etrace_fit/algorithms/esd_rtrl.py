@@ -118,11 +118,11 @@ class ESDRTRL:
         eps_x_new, eps_f_new = self.advance_step((eps_x, eps_f), signals)
         return (eps_x, signal), (eps_x_new, eps_f_new, dY_prev)
 
-    def finish_rows(self, start, inner, rows):
+    def finish_rows(self, inner, rows):
         """The chunk's gradient and final traces from :meth:`step_rows`' rows stacked over
         it (leading axis ``C``) and its carried state after the last step: one GEMM over
-        ``C·B·P`` rows (BPTT's size) and one over ``B·P`` for the last step's ``dY``.
-        ``start`` (the traces at the chunk's start) is the first row already.
+        ``C·B·P`` rows (BPTT's size; the traces at the chunk's start are its first
+        rows) and one over ``B·P`` for the last step's ``dY``.
 
         Measured 2026-11-26 against the form it replaced (rows ``X``, history, ``dY``;
         ``ε_x`` advanced once per chunk; the history filtered by a reverse scan over the

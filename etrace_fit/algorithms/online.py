@@ -723,7 +723,7 @@ def build_online(
             signals = [rows.get(n) if n in inner else s for n, s in enumerate(signals)]
             return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)
 
-        inner = {n: rules[n].begin_rows(traces[n]) if n in rowwise and hasattr(rules[n], "begin_rows") else traces[n]
+        inner = {n: rules[n].begin_rows(traces[n]) if n in rowwise else traces[n]
                  for n in stepwise | rowwise}  # what the step loop carries per rule
         length = jax.tree.leaves(inputs)[0].shape[0]
         steps = t + jnp.arange(length, dtype=t.dtype)
@@ -739,7 +739,7 @@ def build_online(
         new_traces = []
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
             if n in rowwise:
-                grad, inner[n] = rule.finish_rows(trace, inner[n], pair_signals)
+                grad, inner[n] = rule.finish_rows(inner[n], pair_signals)
                 pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
             if n in stepwise | rowwise:
                 new_traces.append(inner[n])

@@ -124,20 +124,19 @@ def weight_rows(weight: jax.Array, sizes: list[int], weight_fn: WeightFn | None 
 
 
 def matmul_of_parts(primitive: Any, x: jax.Array, parts: list[jax.Array], weight: jax.Array, *bias: jax.Array,
-                    weight_fn: WeightFn | None = None, rows: list[jax.Array] | None = None,
-                    rows_t: list[jax.Array] | None = None) -> jax.Array:
+                    weight_fn: WeightFn | None = None, rows_t: list[jax.Array] | None = None) -> jax.Array:
     """``primitive``'s output for ``x = concatenate(parts, axis=-1)`` (one GEMM forward),
     differentiated part by part: a part with a tangent contributes ``dpart @ W[rows]``,
     a part without one nothing. Its transpose is ``δy @ W[rows]ᵀ`` for the parts that
     need a cotangent only (a GRU gate's ``[x, h]``: the ``h`` columns, not all of
     ``I + H``), where differentiating the concatenation would compute every column and
     slice. ``x``'s own tangent is ignored: ``x`` must be ``concatenate(parts)``.
-    ``rows``: :func:`weight_rows` computed once outside a loop (a slice inside it would
-    copy the weight every step); they are constants of the differentiation. ``rows_t``:
-    instead, their transposes ``(O, size)``, laid out contiguously by the caller: the
-    pull-back is then ``δy @ rows_t[n]``, a product with a row-major operand, which XLA
-    on CPU runs faster than one with the transpose folded in (the tangent, if wanted,
-    becomes the folded form)."""
+    ``rows_t``: the transposes ``(O, size)`` of :func:`weight_rows`' blocks, computed
+    once outside a loop (a slice inside it would copy the weight every step) and laid
+    out contiguously; they are constants of the differentiation. The pull-back is then
+    ``δy @ rows_t[n]``, a product with a row-major operand, which XLA on CPU runs faster
+    than one with the transpose folded in (the tangent, if wanted, takes the folded
+    form). Without them the blocks are sliced here."""
     sizes = [part.shape[-1] for part in parts]
 
     @jax.custom_jvp
@@ -152,7 +151,7 @@ def matmul_of_parts(primitive: Any, x: jax.Array, parts: list[jax.Array], weight
             products = [lambda d, n=n: lax.dot_general(d, rows_t[n], (((d.ndim - 1,), (1,)), ((), ())))
                         for n in range(len(parts))]
         else:
-            blocks = weight_rows(weight, sizes, weight_fn) if rows is None else rows
+            blocks = weight_rows(weight, sizes, weight_fn)
             products = [lambda d, n=n: jnp.matmul(d, blocks[n]) for n in range(len(parts))]
         terms = [product(dpart) for product, dpart in zip(products, dparts) if not _compat.is_symbolic_zero(dpart)]
         if not _compat.is_symbolic_zero(dweight):

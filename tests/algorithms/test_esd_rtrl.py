@@ -212,7 +212,7 @@ def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
             row, inner = rule.step_rows(inner, at(c), jnp.asarray(t0 + c))
             rows.append(row)
         stacked = jax.tree.map(lambda *r: jnp.stack(r), *rows)
-        got, final = rule.finish_rows(start, inner, stacked)
+        got, final = rule.finish_rows(inner, stacked)
         assert got.dtype == jnp.float64
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-11, atol=1e-12)
         for a, b in zip(final, traces):

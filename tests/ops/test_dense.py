@@ -488,24 +488,23 @@ def test_weight_fn_closing_over_a_traced_value_raises_config_error():
 
 # ------------------------------------------------------------------ matmul_of_parts
 @pytest.mark.parametrize("weight_fn_name", ["none", "sign_full"])
-@pytest.mark.parametrize("rows", [False, True, "transposed"], ids=["sliced_inside", "rows_given", "rows_t_given"])
+@pytest.mark.parametrize("rows", [False, True], ids=["sliced_inside", "rows_t_given"])
 def test_matmul_of_parts_has_the_concatenations_value_and_gradients(weight_fn_name, rows):
     """``matmul_of_parts`` (the step program's pull-back of a gate's ``[x, h]``) equals
     ``concatenate(parts) @ weight_fn(W) + b`` in value and in its gradient with respect
     to the parts, the weight and the bias, whichever parts are differentiated; the
-    weight's row blocks sliced inside, given, or given transposed (``rows_t``, as the
-    step program hands them over)."""
+    weight's row blocks sliced inside or given transposed (``rows_t``, as the step
+    program hands them over)."""
     from etrace_fit.ops.dense import matmul_of_parts, weight_rows
 
     rng = np.random.default_rng(3)
     a, h, w, b = (jnp.asarray(rng.normal(size=s)) for s in ((4, 3), (4, 5), (8, 6), (6,)))
     weight_fn, plain_fn = _weight_fn_cases(8, 6)[weight_fn_name]
-    given = weight_rows(w, [3, 5], weight_fn) if rows else None
-    given_t = [block.T for block in given] if rows == "transposed" else None
+    given_t = [block.T for block in weight_rows(w, [3, 5], weight_fn)] if rows else None
 
     def split(a, h, w, b):
         return jnp.tanh(matmul_of_parts(etp_mm_p, jnp.concatenate([a, h], -1), [a, h], w, b, weight_fn=weight_fn,
-                                        rows=None if given_t else given, rows_t=given_t)).sum()
+                                        rows_t=given_t)).sum()
 
     def plain(a, h, w, b):
         return jnp.tanh(jnp.concatenate([a, h], -1) @ plain_fn(w) + b).sum()
