@@ -283,7 +283,7 @@ class DRTRL:
 
             (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True,
                                                      length=steps)
-            grad = gram(X, signal.astype(X.dtype))
+            grad = gram(X, signal.astype(X.dtype), merge=not self.sharded)
         if self.entries is not None:  # the same at the sparse weight's entries only
             k, o = self.entries
             E = traces.reshape(rows, states, -1)

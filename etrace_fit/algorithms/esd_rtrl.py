@@ -50,8 +50,13 @@ class ESDRTRL:
 
     name = "esd_rtrl"
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float, sharded: bool = False):
         self.alpha = float(alpha)
+        self.sharded = sharded  # the traces split over devices along the batch (base.gram's merge)
+
+    def for_sharding(self) -> "ESDRTRL":
+        """This rule for traces split over devices along the batch."""
+        return type(self)(self.alpha, sharded=True)
 
     def init_traces(self, pair: TracedPair, batch: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
         return (
@@ -133,7 +138,8 @@ class ESDRTRL:
         E, R = rows
         eps_x, eps_f, dY_last = inner
         dtype = jnp.promote_types(R.dtype, jnp.float32)
-        grad = gram(E, R.astype(E.dtype)) + gram(eps_x.astype(dtype), dY_last)
+        merge = not self.sharded
+        grad = gram(E, R.astype(E.dtype), merge) + gram(eps_x.astype(dtype), dY_last, merge)
         return grad, (eps_x, eps_f)
 
     def advance_step(self, traces, signals: PairSignals):

@@ -545,16 +545,17 @@ def _deferrable(eqn) -> bool:
     return len(operands) > 1 and not any(isinstance(v, _compat.Literal) for v in operands)
 
 
-def deferred_gradients(eqn, xs: jax.Array, cotangents: jax.Array, dtype: Any) -> dict:
+def deferred_gradients(eqn, xs: jax.Array, cotangents: jax.Array, dtype: Any, merge: bool = True) -> dict:
     """``{key: ∂/∂(effective operand)}`` of ``Σ_c <δy_c, op(x_c)>`` for a deferred op
     over a chunk (``xs``, ``cotangents`` with leading axes ``(C, B)``), the weight taken
     after its weight function: one contraction over ``C·B`` rows. The op is linear in
-    its trainable operands, so the gradient does not depend on their values."""
+    its trainable operands, so the gradient does not depend on their values. ``merge``:
+    as :func:`~.base.gram`'s (False when the batch is split over devices)."""
     op = etp_op_info(eqn.primitive)
     _, trainables = op.split_operands(list(eqn.invars))
     if op.kind == "dense":  # y = x W + b: W's gradient is Xᵀ δy, b's the sum of δy
         cotangents = cotangents.astype(xs.dtype)
-        grads = {"weight": gram(xs, cotangents), "bias": cotangents.sum(axis=tuple(range(cotangents.ndim - 1)))}
+        grads = {"weight": gram(xs, cotangents, merge), "bias": cotangents.sum(axis=tuple(range(cotangents.ndim - 1)))}
         return {key: grads[key].astype(dtype) for key in trainables}
     zeros = {key: jnp.zeros(var.aval.shape, var.aval.dtype) for key, var in trainables.items()}
     params = {**eqn.params, "weight_fn": None} if "weight_fn" in eqn.params else dict(eqn.params)
@@ -749,7 +750,7 @@ def build_online(
                 pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
             new_traces.append(trace)
         for n, (i, (xs, cotangents)) in enumerate(zip(deferred, one_step or ()), start=len(pairs)):
-            grads = deferred_gradients(eqns[i], xs, cotangents, accumulate)
+            grads = deferred_gradients(eqns[i], xs, cotangents, accumulate, merge=not sharded)
             pair_acc[n] = {key: pair_acc[n][key] + grads[key] for key in pair_acc[n]}
         return (others, new_traces, weight_acc, list(pair_acc), t + length), (losses, outputs)
 

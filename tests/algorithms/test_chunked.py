@@ -346,19 +346,21 @@ def test_steps_marked_without_loss_do_not_evaluate_it_and_final_collects_the_las
     np.testing.assert_allclose(np.asarray(tail), np.asarray(jax.tree.leaves(full[3].outputs)[0][-1:]), rtol=1e-12)
 
 
+@pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("k, o", [(7, 3), (3, 7), (5, 5)])
 @pytest.mark.parametrize("lead", [(6,), (4, 3), (2, 3, 2)])
-def test_gram_sums_the_outer_products_of_rows_in_either_orientation(k, o, lead):
+def test_gram_sums_the_outer_products_of_rows_in_either_orientation(k, o, lead, merge):
     """``base.gram`` (every chunk's weight-gradient GEMM: Xᵀ δy over C·B rows) computes
-    the smaller side as the product's rows and transposes behind a barrier; the result
-    is Σ aᵀb over all leading axes either way, eager and jitted, float64."""
+    the smaller side as the product's rows and transposes behind a barrier, over the
+    leading axes merged into one (``merge``) or kept (rows split over devices); the
+    result is Σ aᵀb over all leading axes every way, eager and jitted, float64."""
     from etrace_fit.algorithms.base import gram
 
     rng = np.random.default_rng(0)
     with brainstate.environ.context(precision=64):
         a, b = jnp.asarray(rng.normal(size=(*lead, k))), jnp.asarray(rng.normal(size=(*lead, o)))
         want = np.einsum("nk,no->ko", np.asarray(a).reshape(-1, k), np.asarray(b).reshape(-1, o))
-        for got in (gram(a, b), jax.jit(gram)(a, b)):
+        for got in (gram(a, b, merge), jax.jit(gram, static_argnums=2)(a, b, merge)):
             assert got.shape == (k, o) and got.dtype == jnp.float64
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
 

@@ -212,9 +212,12 @@ def test_rows_over_a_chunk_equal_the_per_step_rule(alpha, with_dY, t0):
             row, inner = rule.step_rows(inner, at(c), jnp.asarray(t0 + c))
             rows.append(row)
         stacked = jax.tree.map(lambda *r: jnp.stack(r), *rows)
-        got, final = rule.finish_rows(inner, stacked)
-        assert got.dtype == jnp.float64
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-11, atol=1e-12)
-        for a, b in zip(final, traces):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
+        sharded = rule.for_sharding()  # rows split over devices: the GEMM keeps its axes (base.gram)
+        assert sharded.sharded and not rule.sharded and sharded.alpha == rule.alpha
+        for form in (rule, sharded):
+            got, final = form.finish_rows(inner, stacked)
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-11, atol=1e-12)
+            for a, b in zip(final, traces):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
         assert float(jnp.abs(want).max()) > 1e-3  # the comparison is not between zeros
