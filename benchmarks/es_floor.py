@@ -44,7 +44,7 @@ def _no_rule_gemm(self, inner, rows):
     return jnp.zeros((E.shape[-1], R.shape[-1]), E.dtype) + touched, tuple(inner[:2])
 
 
-def _no_deferred_gemm(eqn, xs, cotangents, dtype):
+def _no_deferred_gemm(eqn, xs, cotangents, dtype, merge=True):
     """The deferred op's gradient replaced by zeros that read its rows once."""
     _, trainables = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
     touched = (xs.sum() + cotangents.sum()).astype(dtype)

@@ -359,23 +359,31 @@ READING = [
     "gate's `[x, h]` reads the weight's row blocks transposed once per sequence (XLA on CPU ran "
     "`δ @ W[rows]ᵀ` with the transpose folded into the product at 9.5 µs a step against 6.4 for a "
     "row-major operand) — GRU 0.633 → 0.608×, RLIF 0.763 → 0.712×, and D-RTRL on the RLIF net 1.051 → "
-    "1.009×. The target rows above were measured after both.",
+    "1.009×. (3) Later that day the chunk's GEMM (`base.gram`) came to merge the stacked rows' leading "
+    "axes before the product: over `(C, B, P, K)` rows XLA on CPU copied `ε_x`'s rows transposed and ran "
+    "the product apart (98 + 452 µs a chunk on the LIF net), over `(C·B·P, K)` it runs one product reading "
+    "them as they lie (268 µs) — ES-D-RTRL on the LIF net 0.77–0.79 → 0.72–0.73× in three of four such "
+    "runs, the GRU, the RLIF net, D-RTRL and the demo within noise. The target rows above were measured "
+    "after all three.",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
     "(the forward pass, the pull-back for `∂L^t/∂h^{t−1}`, docs/theory.md §5.8, `D`, `Df`, both traces). "
-    "2026-11-26, H = 128, B = 16, T = 200, medians of 21 interleaved calls, as ratios to BPTT:",
+    "2026-11-26 (after the merged rows of `base.gram`), H = 128, B = 16, T = 200, medians of 21 "
+    "interleaved calls, as ratios to BPTT:",
     "",
     "  | model | ES-D-RTRL | without the rule's GEMMs | step loop only |",
     "  |---|---|---|---|",
-    "  | LIF (feed-forward) | 0.78 | 0.61 | 0.61 |",
-    "  | GRU | 0.60 | 0.53 | 0.48 |",
-    "  | RLIF | 0.65 | 0.51 | 0.52 |",
+    "  | LIF (feed-forward) | 0.78 | 0.66 | 0.60 |",
+    "  | GRU | 0.61 | 0.54 | 0.49 |",
+    "  | RLIF | 0.65 | 0.51 | 0.51 |",
     "",
     "  The step loop alone costs 0.48–0.61× BPTT: the learning signal needs the pull-back through the step at "
     "every step, the same reverse sweep as BPTT's backward pass. On the feed-forward LIF net BPTT's whole step "
     "takes ~26 µs (forward and backward), and the online loop's ~20 XLA kernels a step cost about 0.6× of it "
-    "before any weight gradient; the rule's GEMM, `(65 × 1600)(1600 × 128)` per chunk, adds 0.17×. The GRU, "
+    "before any weight gradient; the rule's GEMM, `(65 × 1600)(1600 × 128)` per chunk, adds 0.12× (0.17× "
+    "before its rows were merged; the same run's ES-D-RTRL read 0.78× where `speed.py` read 0.75× an hour "
+    "earlier: the machine's noise). The GRU, "
     "whose steps are GEMM-bound, sits at the target (0.60–0.61×). An earlier version of this page "
     "(2026-11-24) called 0.78× / 0.69× a floor: that floor still buffered `D`, `Df` and `G` for a chunk "
     "rule, which ES-D-RTRL no longer does (GRU 0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the "
@@ -397,7 +405,10 @@ READING = [
     "gates' are (GRU 0.616 → 0.648×); the step loop reading its inputs off the whole sequence instead of a "
     "sliced chunk (within noise); the step loop's stacked signals carried from chunk to chunk, so that XLA "
     "does not zero-fill them anew for each chunk (the demo's step 0.98 → 1.05× BPTT's); D-RTRL's reach "
-    "written in place into the buffers of `D` and `Df` (the demo's step within noise, LIF 1.02 → 1.09×).",
+    "written in place into the buffers of `D` and `Df` (the demo's step within noise, LIF 1.02 → 1.09×); "
+    "D-RTRL's reach written by its backward pass straight into `(B, C, O)` buffers, so that the chunk's "
+    "per-sample GEMMs need no transposed copies (1.8 ms a batch of the demo's step by the profiler; "
+    "the strided writes cost as much: the demo's step 1.03 → 1.05× and 1.01 → 1.02× BPTT's in two runs).",
 ]
 
 
