@@ -115,7 +115,9 @@ class Rule(Protocol):
     chunk's gradient, which the engine stacks over the chunk and hands to
     ``finish_rows`` with the state after the last step, for ``(the chunk's gradient,
     the final traces)`` (ES-D-RTRL: no buffers of ``D``, ``Df``, ``G`` and no second
-    loop); and
+    loop); and ``row_bytes(pair, batch, itemsize)``: the bytes per step the engine
+    stacks over a chunk for the rule (``online.chunk_size`` budgets them; without it,
+    ``online.signal_bytes``, what a ``chunk`` reads); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program); and ``takes_fixed = True``: its
     ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at

@@ -61,7 +61,9 @@ DEFAULT_CHUNK = 100
 # once per chunk (a ``chunk`` method: D-RTRL, e-prop); ES-D-RTRL's work per chunk is one
 # GEMM over the rows it kept, measured within noise from 25 to 200 steps (GRU 0.70–0.76×
 # BPTT), so a program of such rules only keeps _ROWS_BUFFER_BYTES and its memory (the
-# GRU at B = 64, T = 50: 11.1 MiB of temp in chunks of 25, 21.5 in one of 50).
+# GRU at B = 64, T = 50: 11.1 MiB of temp in chunks of 25, 21.5 in one of 50, when the
+# chunk stacked X, the history and δy; 14.0 MiB in one of 50 with ε_x and one signal row,
+# 2026-11-26, since the budget counts those rows, ESDRTRL.row_bytes).
 _CHUNK_BUFFER_BYTES = 32 * 1024**2
 _ROWS_BUFFER_BYTES = 16 * 1024**2
 _BASE_CHUNK, _BASE_BUFFER_BYTES = 32, 64 * 1024**2
@@ -595,17 +597,28 @@ def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array)
     return total, traces
 
 
-def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None) -> int:
+def signal_bytes(pair: TracedPair, batch: int, itemsize: int) -> int:
+    """Bytes per step of a pair's signals stacked over a chunk for a rule's ``chunk``
+    (``X``; ``D``, ``Df``, ``G``, ``dY`` and the step's states per unit): the estimate
+    :func:`chunk_size` budgets for a rule without ``row_bytes``."""
+    S = pair.num_states
+    return batch * pair.positions * (pair.patch + pair.outputs * (S ** 2 + 3 * S + 1)) * itemsize
+
+
+def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None,
+               extra: int = 0) -> int:
     """Steps per chunk: ``requested``, else the longer of :data:`DEFAULT_CHUNK` steps
-    halved while the chunk's stacked signals would take more than the traces (or
+    halved while the chunk's stacked signals (each rule's ``row_bytes`` per step, else
+    :func:`signal_bytes`, plus ``extra`` bytes per step: the rows of the ops whose
+    one-step gradient is deferred to the chunk) would take more than the traces (or
     32 MiB when a rule reads and writes its trace once per chunk, D-RTRL's ``chunk``;
     16 MiB otherwise) and 32 steps halved likewise against the traces (or 64 MiB); at most the
     sequence length ``length``, and lowered (by at most half) to the size that leaves
     the shortest last chunk: a divisor of ``length`` when one exists."""
     if requested is not None:
         return max(1, min(int(requested), length))
-    per_step = sum(batch * p.positions * (p.patch + p.outputs * (p.num_states ** 2 + 3 * p.num_states + 1))
-                   for p in pairs) * itemsize
+    per_step = sum(rule.row_bytes(pair, batch, itemsize) if hasattr(rule, "row_bytes")
+                   else signal_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules)) + extra
     traces = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
 
     def longest(size: int, budget: int) -> int:
@@ -657,6 +670,9 @@ def build_online(
 
     eqns = module.jaxpr.eqns
     deferred = program.deferred
+    # Numbers per step the chunk stacks for the deferred ops (their X and δy rows).
+    deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
+                        for i in deferred)
 
     def zero_accumulators(weights):
         """Per weight leaf (the pull-back's direct gradients); then per pair its ``(K, O)``
@@ -797,7 +813,8 @@ def build_online(
     def size_for(length, active=None):
         itemsize = jnp.dtype(trace_dtype).itemsize
         last_alone = isinstance(active, str) and length > 1
-        return chunk_size(pairs, rules, batch, itemsize, length - 1 if last_alone else length, chunk)
+        return chunk_size(pairs, rules, batch, itemsize, length - 1 if last_alone else length, chunk,
+                          extra=deferred_rows * itemsize)
 
     def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None, traces=None):
         weights, streaming = list(weight_leaves), traces is not None

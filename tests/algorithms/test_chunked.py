@@ -20,11 +20,11 @@ import optax
 import pytest
 
 import etrace_fit as ef
-from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
+from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK, signal_bytes
 from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.base import PairSignals
 
-from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, grads_by_path, lin, mse, reference_bptt,
+from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, get_case, grads_by_path, lin, mse, reference_bptt,
                        to_host)
 from .test_user_neurons import NEURONS
 
@@ -118,18 +118,49 @@ def test_chunk_size_is_automatic_and_bounded():
     assert 100 * 1200 * 45 * 8 > 32 * 2**20 >= 50 * 1200 * 45 * 8
     assert chunk_size(pairs, rules, 1200, 8, 4100) == 50
     # Without a rule that reads and writes its trace once per chunk (ES-D-RTRL keeps
-    # rows for one GEMM) the budget stays 16 MiB: the same 1200 samples run 25 steps
-    # (the 32 steps of 64 MiB, lowered to a divisor of 4100).
+    # rows for one GEMM) the budget stays 16 MiB, over what that rule stacks: ε_x and one
+    # signal row, 5 + 8 = 13 numbers per sample and step (row_bytes), not D-RTRL's 45
+    # (signal_bytes). 1200 samples run 100 steps, 2000 samples 50.
     with case.env(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
         _, es_plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="esd_rtrl")
     assert not any(hasattr(rule, "chunk") for rule in es_plan.rules)
-    assert chunk_size(es_plan.pairs, es_plan.rules, 1200, 8, 4100) == 25
+    assert es_plan.rules[0].row_bytes(es_plan.pairs[0], 1, 8) == 13 * 8
+    assert signal_bytes(pairs[0], 1, 8) == 45 * 8 and not hasattr(rules[0], "row_bytes")
+    assert 100 * 1200 * 13 * 8 <= 16 * 2**20 < 100 * 2000 * 13 * 8
+    assert chunk_size(es_plan.pairs, es_plan.rules, 1200, 8, 4100) == 100
+    assert chunk_size(es_plan.pairs, es_plan.rules, 2000, 8, 4100) == 50
     # ... but not below 32 steps while those fit 64 MiB: 4000 samples fit 12 steps in
     # 32 MiB, 32 in 64 MiB.
     assert 25 * 4000 * 45 * 8 > 32 * 2**20 and 32 * 4000 * 45 * 8 <= 64 * 2**20
     assert chunk_size(pairs, rules, 4000, 8, 4096) == 32
     assert chunk_size(pairs, rules, 10**7, 8, 4099) < DEFAULT_CHUNK  # a huge batch: shorter chunks
+
+
+def test_the_chunk_budget_counts_the_rows_of_ops_whose_gradient_is_deferred(monkeypatch):
+    """The readout's one-step gradient waits for the chunk's GEMM, its ``X`` (the spikes,
+    ``B × N``) and ``δy`` (``B × O``) stacked per step: the program hands those bytes to
+    ``chunk_size`` as ``extra``, which counts them with the rule's rows (ES-D-RTRL, 13
+    numbers per sample and step here): with those 10 more, 1200 samples get 50 steps, not
+    100."""
+    from etrace_fit.algorithms import online
+
+    case = get_case("lif", 64)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="esd_rtrl")
+    program = build_online(graph, plan.pairs, plan.rules, case.step_loss, trace_dtype=plan.trace_dtype)
+    seen = []
+    real = online.chunk_size
+    monkeypatch.setattr(online, "chunk_size", lambda *a, **k: seen.append(k.get("extra")) or real(*a, **k))
+    assert program.chunk_for(T) == T
+    assert seen == [B * (N + O) * 8]
+    rows = plan.rules[0].row_bytes(plan.pairs[0], 1, 8) // 8
+    assert rows == 13 and N + O == 10
+    assert 100 * 1200 * rows * 8 <= 16 * 2**20 < 100 * 1200 * (rows + N + O) * 8
+    assert 50 * 1200 * (rows + N + O) * 8 <= 16 * 2**20
+    assert real(plan.pairs, plan.rules, 1200, 8, 4100) == 100
+    assert real(plan.pairs, plan.rules, 1200, 8, 4100, extra=1200 * (N + O) * 8) == 50
 
 
 @pytest.mark.parametrize("every", [1, 5, 7, 30, 45])
