@@ -364,7 +364,11 @@ READING = [
     "the product apart (98 + 452 µs a chunk on the LIF net), over `(C·B·P, K)` it runs one product reading "
     "them as they lie (268 µs) — ES-D-RTRL on the LIF net 0.77–0.79 → 0.72–0.73× in three of four such "
     "runs, the GRU, the RLIF net, D-RTRL and the demo within noise. The target rows above were measured "
-    "after all three.",
+    "after all three. (4) ES-D-RTRL runs weights whose dense ops read the same input (an LSTM's four "
+    "gates) as one in its step loop, one `ε_x` and one GEMM for them (`online.shared_groups`): LSTM(64 → 128) "
+    "+ Linear(10), T = 200, 0.554 → 0.507× BPTT at B = 16, 0.720 → 0.642× at B = 64 (not a model of this "
+    "grid). A first form that joined the gates' `D`, `Df`, `G` along the units measured nothing (0.556 against "
+    "0.557×): XLA wrote the 8 joined signals out per step; the form kept joins only the signal rows.",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
@@ -408,7 +412,10 @@ READING = [
     "written in place into the buffers of `D` and `Df` (the demo's step within noise, LIF 1.02 → 1.09×); "
     "D-RTRL's reach written by its backward pass straight into `(B, C, O)` buffers, so that the chunk's "
     "per-sample GEMMs need no transposed copies (1.8 ms a batch of the demo's step by the profiler; "
-    "the strided writes cost as much: the demo's step 1.03 → 1.05× and 1.01 → 1.02× BPTT's in two runs).",
+    "the strided writes cost as much: the demo's step 1.03 → 1.05× and 1.01 → 1.02× BPTT's in two runs); "
+    "D-RTRL's suffix products over a chunk carried as one stacked array instead of one per entry of the "
+    "`3×3` pattern (the demo's backward pass one kernel a step instead of seven, 31 µs a step either way: "
+    "it reads `D` from buffers that have left the caches; the step 1.01 → 1.03× BPTT's).",
 ]
 
 

@@ -118,6 +118,10 @@ class Rule(Protocol):
     loop); and ``row_bytes(pair, batch, itemsize)``: the bytes per step the engine
     stacks over a chunk for the rule (``online.chunk_size`` budgets them; without it,
     ``online.signal_bytes``, what a ``chunk`` reads); and
+    ``shares_with(rule)`` and ``joined(sizes)``: pairs whose rules share with one another
+    and whose dense ops read the same ``X`` run in the engine's step loop as one, through
+    the object ``joined`` returns (``online.shared_groups``; ES-D-RTRL's ``JoinedRows``:
+    one ``ε_x`` and one row of it per step, one GEMM); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program); and ``takes_fixed = True``: its
     ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at

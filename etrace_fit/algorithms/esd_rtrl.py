@@ -67,6 +67,16 @@ class ESDRTRL:
     def trace_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
         return batch * pair.positions * (pair.patch + pair.outputs * pair.num_states) * itemsize
 
+    def shares_with(self, other) -> bool:
+        """Pairs of this rule and ``other`` that read the same ``X`` can run as one
+        (:meth:`joined`): same rule, same ``α``, same placement."""
+        return type(other) is type(self) and other.alpha == self.alpha and other.sharded == self.sharded
+
+    def joined(self, sizes: list[int]) -> "JoinedRows":
+        """This rule over pairs that read the same ``X`` with ``sizes`` outputs each, as
+        the engine's step loop runs them (:class:`JoinedRows`)."""
+        return JoinedRows(self, sizes)
+
     def row_bytes(self, pair: TracedPair, batch: int, itemsize: int) -> int:
         """Bytes per step of what the engine stacks over a chunk for this rule: the rows
         of :meth:`step_rows` (``ε_x`` and one signal row), whatever the number of states.
@@ -170,3 +180,54 @@ class ESDRTRL:
         f_norm = jnp.square(eps_f.astype(dtype)).sum(axis=(2, 3))  # (B, P); ε_f is (B, P, S, O)
         correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
         return jnp.sqrt((x_norm * f_norm).sum(axis=1)) / correction
+
+
+class JoinedRows:
+    """ES-D-RTRL over pairs whose dense ops read the same ``X`` (an LSTM's four gates on
+    ``[x, h]``), in the engine's step loop: one ``ε_x`` carried (the pairs' are the same
+    filtered input) and one row of it stacked per step; each pair's ``ε_f``, history and
+    signal row its own, the signal rows side by side; one GEMM per chunk, whose columns
+    are the pairs' gradients. The states the engine carries: ``start`` →
+    ``(ε_x, (ε_f, ...))``, ``begin_rows`` adds the previous ``dY`` per pair.
+
+    ES-D-RTRL on LSTM(64 → 128) + Linear(10), T = 200, alternated in one process with
+    the pairs run one by one (2026-11-26): B = 16, loss at every step, 0.554 → 0.507×
+    BPTT and temp 9.8 → 6.3 MiB; at the last step only 0.235 → 0.223×; B = 64 0.720 →
+    0.642×."""
+
+    def __init__(self, rule: ESDRTRL, sizes: list[int]):
+        self.rule, self.sizes = rule, list(sizes)
+
+    def row_bytes(self, pairs: list, batch: int, itemsize: int) -> int:
+        """Bytes per step stacked for the pairs: one row of ``ε_x``, their signal rows."""
+        return batch * pairs[0].positions * (pairs[0].patch + sum(p.outputs for p in pairs)) * itemsize
+
+    def start(self, traces: list) -> tuple:
+        return traces[0][0], tuple(eps_f for _, eps_f in traces)
+
+    def traces(self, state) -> list:
+        eps_x, eps_fs = state[:2]
+        return [(eps_x, eps_f) for eps_f in eps_fs]
+
+    def advance_step(self, state, signals: list):
+        eps_x, eps_fs = state
+        new = [self.rule.advance_step((eps_x, eps_f), s) for eps_f, s in zip(eps_fs, signals)]
+        return new[0][0], tuple(eps_f for _, eps_f in new)
+
+    def begin_rows(self, state):
+        eps_x, eps_fs = state
+        return eps_x, eps_fs, tuple(self.rule.begin_rows((eps_x, eps_f))[2] for eps_f in eps_fs)
+
+    def step_rows(self, inner, signals: list, t: jax.Array):
+        eps_x, eps_fs, previous = inner
+        out = [self.rule.step_rows((eps_x, eps_f, dY), s, t) for eps_f, dY, s in zip(eps_fs, previous, signals)]
+        rows = (out[0][0][0], jnp.concatenate([signal for (_, signal), _ in out], axis=-1))
+        # each pair's ε_x advance is the same expression of the same values (XLA computes it once)
+        return rows, (out[0][1][0], tuple(new[1] for _, new in out), tuple(new[2] for _, new in out))
+
+    def finish_rows(self, inner, rows) -> tuple[list, tuple]:
+        """Per pair its gradient ``(K, O)``, and the state after the chunk (for :meth:`traces`)."""
+        eps_x, eps_fs, previous = inner
+        grad, _ = self.rule.finish_rows((eps_x, eps_fs[0], jnp.concatenate(previous, axis=-1)), rows)
+        bounds = [sum(self.sizes[:n]) for n in range(1, len(self.sizes))]
+        return jnp.split(grad, bounds, axis=-1), (eps_x, eps_fs)

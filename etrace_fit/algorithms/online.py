@@ -597,6 +597,27 @@ def run_rule_chunk(rule: Rule, traces: Any, signals: PairSignals, t0: jax.Array)
     return total, traces
 
 
+def shared_groups(pairs, rules, eqns) -> list[list[int]]:
+    """Pairs (indices, two or more each) that the step loop runs as one: dense relations
+    on the same input ``X`` (an LSTM's four gates on ``[x, h]``) whose rules share with
+    one another (``Rule.shares_with``, ``Rule.joined``) and whose canonical sizes agree
+    but for the outputs."""
+    groups: list[list[int]] = []
+    for n, (pair, rule) in enumerate(zip(pairs, rules)):
+        if not hasattr(rule, "joined") or pair.relation.op_kind != "dense":
+            continue
+        x, sizes = eqns[pair.relation.eqn_index].invars[0], (pair.patch, pair.positions, pair.num_states)
+        for group in groups:
+            lead = pairs[group[0]]
+            if (eqns[lead.relation.eqn_index].invars[0] is x and rules[group[0]].shares_with(rule)
+                    and (lead.patch, lead.positions, lead.num_states) == sizes):
+                group.append(n)
+                break
+        else:
+            groups.append([n])
+    return [group for group in groups if len(group) > 1]
+
+
 def signal_bytes(pair: TracedPair, batch: int, itemsize: int) -> int:
     """Bytes per step of a pair's signals stacked over a chunk for a rule's ``chunk``
     (``X``; ``D``, ``Df``, ``G``, ``dY`` and the step's states per unit): the estimate
@@ -606,19 +627,25 @@ def signal_bytes(pair: TracedPair, batch: int, itemsize: int) -> int:
 
 
 def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None,
-               extra: int = 0) -> int:
+               extra: int = 0, shared: list[list[int]] = ()) -> int:
     """Steps per chunk: ``requested``, else the longer of :data:`DEFAULT_CHUNK` steps
     halved while the chunk's stacked signals (each rule's ``row_bytes`` per step, else
-    :func:`signal_bytes`, plus ``extra`` bytes per step: the rows of the ops whose
-    one-step gradient is deferred to the chunk) would take more than the traces (or
+    :func:`signal_bytes`, a group of ``shared`` pairs (:func:`shared_groups`) its joined
+    form's; plus ``extra`` bytes per step: the rows of the ops whose one-step gradient is
+    deferred to the chunk) would take more than the traces (or
     32 MiB when a rule reads and writes its trace once per chunk, D-RTRL's ``chunk``;
     16 MiB otherwise) and 32 steps halved likewise against the traces (or 64 MiB); at most the
     sequence length ``length``, and lowered (by at most half) to the size that leaves
     the shortest last chunk: a divisor of ``length`` when one exists."""
     if requested is not None:
         return max(1, min(int(requested), length))
+    grouped = {n for group in shared for n in group}
     per_step = sum(rule.row_bytes(pair, batch, itemsize) if hasattr(rule, "row_bytes")
-                   else signal_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules)) + extra
+                   else signal_bytes(pair, batch, itemsize)
+                   for n, (pair, rule) in enumerate(zip(pairs, rules)) if n not in grouped) + extra
+    for group in shared:
+        members = [pairs[n] for n in group]
+        per_step += rules[group[0]].joined([p.outputs for p in members]).row_bytes(members, batch, itemsize)
     traces = sum(rule.trace_bytes(pair, batch, itemsize) for pair, rule in zip(pairs, rules))
 
     def longest(size: int, budget: int) -> int:
@@ -670,6 +697,7 @@ def build_online(
 
     eqns = module.jaxpr.eqns
     deferred = program.deferred
+    shared = shared_groups(pairs, rules, eqns)
     # Numbers per step the chunk stacks for the deferred ops (their X and δy rows).
     deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
                         for i in deferred)
@@ -719,6 +747,15 @@ def build_online(
         # Steps with a loss: a rule with step_rows (ES-D-RTRL) runs in the step loop too,
         # stacks only what its one GEMM per chunk reads, and finishes after the loop.
         rowwise = {n for n, rule in enumerate(rules) if pullback is not False and hasattr(rule, "step_rows")}
+        # Pairs on one X that run in the loop as one (shared_groups): the first of each
+        # group carries them all (its rule's ``joined`` form), the others nothing.
+        joined = {group[0]: (group, rules[group[0]].joined([pairs[n].outputs for n in group]))
+                  for group in shared if set(group) <= stepwise | rowwise}
+        followers = {n for group, _ in joined.values() for n in group[1:]}
+        stepwise, rowwise = stepwise - followers, rowwise - followers
+
+        def runner(n):  # what runs pair n (and its group) in the loop
+            return joined[n][1] if n in joined else rules[n]
 
         def step(carry, inputs_t):
             others, weight_acc, inner = carry
@@ -733,15 +770,18 @@ def build_online(
                        for n, s in enumerate(signals)]
             rows = {}
             for n, trace in list(inner.items()):
+                read = [signals[m] for m in joined[n][0]] if n in joined else signals[n]
                 if n in rowwise:
-                    rows[n], inner[n] = rules[n].step_rows(trace, signals[n], t_step)
+                    rows[n], inner[n] = runner(n).step_rows(trace, read, t_step)
                 else:
-                    inner[n] = rules[n].advance_step(trace, signals[n])
-            signals = [rows.get(n) if n in inner else s for n, s in enumerate(signals)]
+                    inner[n] = runner(n).advance_step(trace, read)
+            signals = [None if n in followers else rows.get(n) if n in inner else s for n, s in enumerate(signals)]
             return (others, weight_acc, inner), (loss, outputs if collect else None, signals, one_step)
 
-        inner = {n: rules[n].begin_rows(traces[n]) if n in rowwise else traces[n]
-                 for n in stepwise | rowwise}  # what the step loop carries per rule
+        starting = {n: joined[n][1].start([traces[m] for m in joined[n][0]]) if n in joined else traces[n]
+                    for n in stepwise | rowwise}
+        inner = {n: runner(n).begin_rows(trace) if n in rowwise else trace
+                 for n, trace in starting.items()}  # what the step loop carries per rule
         length = jax.tree.leaves(inputs)[0].shape[0]
         steps = t + jnp.arange(length, dtype=t.dtype)
         # Signals that are the same at every step (a membrane's ∂V/∂x = 1, a zero
@@ -753,12 +793,16 @@ def build_online(
                                      lambda ys: [ys[2][n] for n in once]) if once else (step, None)
         (others, weight_acc, inner), ys = lax.scan(body, (others, weight_acc, inner), (inputs, steps))
         losses, outputs, signals, one_step = ys if restore is None else restore(ys)
-        new_traces = []
+        new_traces, finished = [], {}
+        for n in rowwise:
+            grad, inner[n] = runner(n).finish_rows(inner[n], signals[n])
+            finished.update(zip(joined[n][0], grad) if n in joined else [(n, grad)])
+        for lead, (group, run_group) in joined.items():  # the traces back per pair
+            inner.update(zip(group, run_group.traces(inner[lead])))
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
-            if n in rowwise:
-                grad, inner[n] = rule.finish_rows(inner[n], pair_signals)
-                pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
-            if n in stepwise | rowwise:
+            if n in finished:
+                pair_acc[n] = pair_acc[n] + finished[n].astype(pair_acc[n].dtype)
+            if n in inner:
                 new_traces.append(inner[n])
                 continue
             grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
@@ -814,7 +858,7 @@ def build_online(
         itemsize = jnp.dtype(trace_dtype).itemsize
         last_alone = isinstance(active, str) and length > 1
         return chunk_size(pairs, rules, batch, itemsize, length - 1 if last_alone else length, chunk,
-                          extra=deferred_rows * itemsize)
+                          extra=deferred_rows * itemsize, shared=shared)
 
     def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None, traces=None):
         weights, streaming = list(weight_leaves), traces is not None

@@ -20,6 +20,7 @@ import optax
 import pytest
 
 import etrace_fit as ef
+from etrace_fit import layers as L
 from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK, signal_bytes
 from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.base import PairSignals
@@ -52,6 +53,9 @@ def _user_case(name, steps=T):
 CASES = {
     **{name: (lambda name=name: Case(MODELS[name][0], MODELS[name][1], (T, B, O), 64))
        for name in ("lif", "alif", "leaky_tanh", "lif_learn_tau", "conv1d_lif", "conv2d_lif", "shared_weight")},
+    # Four gate weights on one [x, h] (two states): ES-D-RTRL runs them as one pair
+    # (online.shared_groups), the per-step reference one by one.
+    "lstm": lambda: Case(lambda: ef.Sequential(L.LSTMCell(I, N), lin(N, O, 2)), (T, B, I), (T, B, O), 64),
     "snntorch_zero": lambda: _user_case("snntorch_zero"),  # a hard reset: D = 0 at every spike
     "refractory_lif": lambda: _user_case("refractory_lif"),
 }
@@ -81,6 +85,58 @@ def test_chunked_equals_per_step(cases, name, algo):
         for n, (g, r) in enumerate(zip(grads, reference)):
             scale = max(float(np.max(np.abs(r))), 1e-300)
             assert float(np.max(np.abs(g - r))) / scale < 1e-10, (name, algo, chunk, n)
+
+
+def test_es_pairs_on_one_input_run_as_one_and_stay_exact(cases, monkeypatch):
+    """An LSTM's four gate weights read the same ``[x, h]``: under ES-D-RTRL the step loop
+    runs them as one pair (one ``ε_x``, their ``ε_f`` side by side, one GEMM per chunk;
+    ``online.shared_groups``), with the loss at every step and at the last step only
+    (the in-loop advance), and gives the per-step rule's gradients pair by pair, float64.
+    D-RTRL's pairs, and ES pairs on different inputs (the GRU's ``W_z`` and ``W_h``), do
+    not join."""
+    from etrace_fit.algorithms.online import shared_groups
+
+    case = _case(cases, "lstm")
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="esd_rtrl")
+        _, d_plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
+        gru = Case(lambda: ef.Sequential(L.GRUCell(I, N), lin(N, O, 2)), (T, B, I), (T, B, O), 64)
+        with gru.env():
+            gru_graph, gru_plan = ef.algorithms.plan_for(gru.model, gru.xs, gru.ys, gru.step_loss, algo="esd_rtrl")
+    eqns = graph.module.jaxpr.eqns
+    assert len(plan.pairs) == 4 and shared_groups(plan.pairs, plan.rules, eqns) == [[0, 1, 2, 3]]
+    assert shared_groups(d_plan.pairs, d_plan.rules, eqns) == []
+    assert len(gru_plan.pairs) == 2 and shared_groups(gru_plan.pairs, gru_plan.rules, gru_graph.module.jaxpr.eqns) == []
+    # The chunk's budget counts the group's one row of ε_x (13 numbers) and its four
+    # signal rows (4 × 8): 45 numbers a step and sample, where the pairs apart stack 84.
+    pairs, rules = list(plan.pairs), plan.rules
+    assert sum(r.row_bytes(p, 1, 8) for p, r in zip(pairs, rules)) == 84 * 8
+    assert rules[0].joined([p.outputs for p in pairs]).row_bytes(pairs, 1, 8) == 45 * 8
+    assert 100 * 400 * 45 * 8 <= 16 * 2**20 < 100 * 400 * 84 * 8
+    assert chunk_size(pairs, rules, 400, 8, 4100) == 50
+    assert chunk_size(pairs, rules, 400, 8, 4100, shared=[[0, 1, 2, 3]]) == 100
+    module = graph.module
+    weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+    flags = (np.arange(T) == T - 1).astype(np.float64)
+    targets = (case.ys, jnp.asarray(flags))
+    for active, ys, loss in ((None, case.ys, case.step_loss), ("last", targets, _weighted)):
+        got = []
+        for rules, chunk in ((tuple(PerStep(r) for r in plan.rules), 1), (plan.rules, 7)):
+            with case.env():
+                brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
+                program = build_online(graph, plan.pairs, rules, loss, trace_dtype=plan.trace_dtype, chunk=chunk)
+                got.append(jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active=active))(
+                    weights, module.state_leaves(), [case.xs], ys)[0])
+        for n, (g, r) in enumerate(zip(*got)):
+            scale = float(np.max(np.abs(r)))
+            assert scale > 1e-6 and float(np.max(np.abs(np.asarray(g) - np.asarray(r)))) / scale < 1e-10, (active, n)
+    from etrace_fit.algorithms import online
+
+    seen = []
+    monkeypatch.setattr(online, "chunk_size", lambda *a, **k: seen.append(k.get("shared")) or chunk_size(*a, **k))
+    program.chunk_for(T)
+    assert seen == [[[0, 1, 2, 3]]]  # the program budgets the group as one
 
 
 @pytest.mark.parametrize("name", ["lif", "alif", "snntorch_zero"])
