@@ -45,6 +45,11 @@ def dropout():
                          layers.LeakyRateReadout(8, 3, tau=5.0))
 
 
+def lstm():
+    """Four gate weights on one [x, h]: ES-D-RTRL runs them as one (online.shared_groups)."""
+    return ef.Sequential(layers.LSTMCell(5, 8), layers.Linear(8, 3))
+
+
 def batchnorm():
     """Batch statistics over the whole (split) batch; running statistics replicated."""
     return ef.Sequential(layers.Linear(5, 8, w_init=brainstate.nn.init.KaimingNormal(scale=2.0)),
@@ -52,7 +57,7 @@ def batchnorm():
                          layers.LeakyRateReadout(8, 3, tau=5.0))
 
 
-MODELS = {"gru": gru, "alif": alif, "dropout": dropout, "batchnorm": batchnorm}
+MODELS = {"gru": gru, "alif": alif, "dropout": dropout, "batchnorm": batchnorm, "lstm": lstm}
 
 
 def data(n=24, steps=7, seed=0):
