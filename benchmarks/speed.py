@@ -496,7 +496,11 @@ def demo_section() -> list[str]:
             "compilation; the first epoch 4.2 → 1.9 s under hybrid, 2.4 → 1.6 s under BPTT) the runs "
             "still take the same time: hybrid 15.1 s against BPTT's 14.9 (1.01×) — the hybrid's step is "
             "traced, planned and lowered anew in each run (~0.3 s more than BPTT's), and 0.95× of a batch "
-            "is 0.6 s over the 480 batches, within this machine's noise between runs."]
+            "is 0.6 s over the 480 batches, within this machine's noise between runs. Run again on "
+            "2026-11-26 late (after `base.gram` merged its rows; the demo's path barely uses it): hybrid "
+            "0.986 in 15.2 s against BPTT's 0.984 in 14.8 s (1.03×), e-prop 1.03× — the same parity, on "
+            "the other side of 1 this time; the step alone measured 1.01–1.03× BPTT's batch that day (A/B "
+            "in one process), compiled in 1.21–1.28 s against 0.70 s."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
