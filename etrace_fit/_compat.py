@@ -275,6 +275,38 @@ def step_invariant_outputs(closed: ClosedJaxpr) -> list[tuple[bool, Any]]:
     return found
 
 
+#: Equations that only lay a value out anew (its numbers unchanged or converted alike):
+#: two of them with the same parameters on the same input make the same value.
+_LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
+                          "transpose", "copy"})
+
+
+def equal_outputs(closed: ClosedJaxpr) -> list[int]:
+    """Per output of ``closed``, the first output with the same value: the same
+    variable, or one made from the same variable by the same chain of layout-only
+    equations (``reshape``, ``squeeze``, ``convert_element_type``, ...; the same
+    primitive and parameters). Literals count as different from everything."""
+    canonical: dict[int, int] = {}
+    made: dict[Any, int] = {}
+
+    def key_of(var):
+        return canonical.get(id(var), id(var))
+
+    for eqn in closed.jaxpr.eqns:
+        if eqn.primitive.name not in _LAYOUT_ONLY or len(eqn.outvars) != 1 or any(
+                isinstance(v, Literal) for v in eqn.invars):
+            continue
+        key = (eqn.primitive.name, tuple(sorted(eqn.params.items())), tuple(key_of(v) for v in eqn.invars))
+        try:
+            first = made.setdefault(key, id(eqn.outvars[0]))
+        except TypeError:  # a parameter that cannot be hashed: not compared
+            continue
+        canonical[id(eqn.outvars[0])] = first
+    firsts: dict[Any, int] = {}
+    return [firsts.setdefault(("literal", i) if isinstance(v, Literal) else key_of(v), i)
+            for i, v in enumerate(closed.jaxpr.outvars)]
+
+
 def control_flow_operands(eqn: JaxprEqn, inner: Jaxpr) -> list[Any] | None:
     """The outer operands bound to ``inner``'s inputs for a control-flow equation
     (``scan``, ``cond``, ``while``), or ``None`` when the mapping is unknown."""

@@ -474,6 +474,73 @@ def test_step_invariant_outputs_tells_fixed_outputs_and_their_fills():
     assert found[1][1] is None
 
 
+def test_equal_outputs_finds_one_value_returned_twice_or_laid_out_alike():
+    """The same variable twice, or the same chain of layout-only equations (reshape,
+    dtype conversion, ...) on the same input, is one value; a different layout, a
+    different input, arithmetic or a literal is not."""
+    from etrace_fit import _compat
+
+    def step(h, x):
+        d = h * x
+        return (d, d, d.reshape(3, 1), d.reshape(3, 1), d.reshape(1, 3), h.reshape(3, 1),
+                (d + 0.0).reshape(3, 1), d.reshape(3, 1).astype(jnp.float32), 2.0)
+
+    closed = jax.make_jaxpr(step)(jnp.ones(3), jnp.ones(3))
+    assert _compat.equal_outputs(closed) == [0, 0, 2, 2, 4, 5, 6, 2, 8]
+
+
+def test_the_step_loop_stacks_a_repeated_output_once_and_restores_it_everywhere():
+    """``_hoist_fixed``'s body returns ``None`` for a stacked output equal to an earlier
+    one (as a hidden group's ``D`` is, once per pair of the group) and ``restore`` hands
+    it the earlier one's stacked array; the loop's values are the plain scan's."""
+    from etrace_fit.algorithms.online import _hoist_fixed
+
+    def step(h, x):
+        d = jnp.tanh(h * x)
+        return h + d, (d.reshape(1, 3), [d.reshape(1, 3), x.reshape(1, 3)], d.reshape(3, 1))
+
+    h0, xs = jnp.ones(3), jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    body, restore = _hoist_fixed(step, h0, xs[0], lambda ys: [])
+    out = body(h0, xs[0])[1]
+    assert out[1][0] is None and out[0] is not None and out[1][1] is not None and out[2] is not None
+    h, ys = jax.lax.scan(body, h0, xs)
+    want_h, want = jax.lax.scan(step, h0, xs)
+    got = restore(ys)
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(want_h))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert got[1][0] is got[0]  # one stacked array, shared
+
+
+def test_the_lstm_d_rtrl_program_stacks_its_groups_signals_once(cases, monkeypatch):
+    """The LSTM's four gate pairs drive one hidden group: its ``D`` and ``G`` are stacked
+    once, not once per pair (XLA's temp memory drops by more than a stacked slab's
+    worth), with the same gradients to the bit."""
+    from etrace_fit import _compat
+
+    case = _case(cases, "lstm")
+    shared_grads, _ = _program_grads(case, "d_rtrl", chunk=T)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
+        program = build_online(graph, plan.pairs, plan.rules, case.step_loss, trace_dtype=plan.trace_dtype, chunk=T)
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        args = (weights, module.state_leaves(), [case.xs], case.ys)
+        def compiled():  # traced anew each time (jit caches the trace of one function)
+            return jax.jit(lambda *a: program.run(*a)).lower(*args).compile()
+
+        temp = compiled().memory_analysis().temp_size_in_bytes
+        monkeypatch.setattr(_compat, "equal_outputs", lambda closed: list(range(len(closed.jaxpr.outvars))))
+        separate = compiled()
+        apart = separate.memory_analysis().temp_size_in_bytes
+        grads_apart = separate(*args)[0]
+    slab = T * B * N * 8  # one stacked (T, B, N) float64 signal
+    assert apart - temp > slab, (apart, temp)
+    for a, b in zip(shared_grads, grads_apart):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
 def _fixed_signals(cases, name):
     """The Fixed signals D-RTRL's chunk gets on ``case`` (the engine's default path)."""
     from etrace_fit.algorithms.base import Fixed
