@@ -277,8 +277,7 @@ def step_invariant_outputs(closed: ClosedJaxpr) -> list[tuple[bool, Any]]:
 
 #: Equations that only lay a value out anew (its numbers unchanged or converted alike):
 #: two of them with the same parameters on the same input make the same value.
-_LAYOUT_ONLY = frozenset({"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "convert_element_type",
-                          "transpose", "copy"})
+_LAYOUT_ONLY = frozenset(_FILL_PRESERVING) | {"transpose"}
 
 
 def equal_outputs(closed: ClosedJaxpr) -> list[int]:

@@ -785,7 +785,8 @@ def build_online(
         length = jax.tree.leaves(inputs)[0].shape[0]
         steps = t + jnp.arange(length, dtype=t.dtype)
         # Signals that are the same at every step (a membrane's ∂V/∂x = 1, a zero
-        # tangent, a readout's decay) are not stacked for the rules that read them once
+        # tangent, a readout's decay) are not stacked for the rules that read them once,
+        # and a signal several pairs read (a hidden group's D, G) is stacked once
         # (a chunk of one step stacks nothing: not worth the analysis' trace).
         once = [n for n, rule in enumerate(rules)
                 if length > 1 and n not in stepwise | rowwise and getattr(rule, "takes_fixed", False)]
@@ -963,14 +964,14 @@ def _hoist_fixed(step: Callable, carry: Any, first: Any, select: Callable) -> tu
                                             for i, out in enumerate(outs)])
 
     def restore(ys):
-        ys = _restore_fixed(ys)
+        ys = with_fixed(ys)
         if not repeats:
             return ys
         values = {}
         jax.tree.map(values.__setitem__, positions[1], ys)  # each output's stacked value (or Fixed)
         return jax.tree.map(lambda i: values[repeats.get(i, i)], positions[1])
 
-    def _restore_fixed(ys):
+    def with_fixed(ys):
         steps = jax.tree.leaves(ys)[0].shape[0]  # the losses are always stacked
         needed = any(fill is None for fill in hoisted.values())
         values = run(*jax.tree.leaves((carry, first))) if needed else None
