@@ -122,6 +122,11 @@ class Rule(Protocol):
     and whose dense ops read the same ``X`` run in the engine's step loop as one, through
     the object ``joined`` returns (``online.shared_groups``; ES-D-RTRL's ``JoinedRows``:
     one ``ε_x`` and one row of it per step, one GEMM); and
+    ``joins_chunk_with(rule)`` and ``chunk_group(rules, traces, signals, t0)``: the
+    chunks of pairs that drive one hidden group (so read the same ``D`` and ``G``) and
+    whose rules join one another's run as one call, which returns ``[(gradient, new
+    traces)]`` per pair (``online.chunk_groups``; D-RTRL: one backward pass for the
+    group); and
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program); and ``takes_fixed = True``: its
     ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at

@@ -233,21 +233,38 @@ class DRTRL:
         ``E_C = Π_0 E_0 + Σ_r (Π_r Df_r) ⊗ X_r`` — never a division (a hard reset has
         ``D = 0``). ``signals``: stacked in :meth:`stack_form` (canonical or split: converted).
         """
-        if not isinstance(signals.Df, tuple) or getattr(signals.Df[0], "ndim", 3) == 4:  # canonical or split
-            signals = self.stack_form(signals)
-        X, D, Df, G, dY = signals[:5]
+        return self.chunk_group([self], [traces], [signals], t0)[0]
+
+    def joins_chunk_with(self, other) -> bool:
+        """Pairs driving one hidden group whose rules are this one and ``other`` can run
+        their chunks as one (:meth:`chunk_group`): the same rule, the same pattern of
+        zeros in ``D``, the same placement."""
+        return type(other) is type(self) and other.zeros == self.zeros and other.sharded == self.sharded
+
+    def chunk_group(self, rules: list, traces: list, signals: list, t0: jax.Array) -> list[tuple]:
+        """:meth:`chunk` for pairs that drive one hidden group (``rules``, one per pair,
+        each :meth:`joins_chunk_with` this one; the first is this one), as
+        ``[(gradient, new trace)]`` per pair. ``λ`` and the suffix products ``Π`` depend
+        only on the group's ``D`` and ``G``, which every pair reads alike (they are read
+        from the first pair's signals): one backward pass carries them for all, each
+        pair's reach ``Π_r Df_r`` and signal ``dY_r + Df_r·λ_r`` made in the same pass.
+        A pass per pair read the group's ``D`` and ``G`` and multiplied the suffix
+        products once per pair (an LSTM's four gates: four passes per chunk)."""
+        signals = [s if isinstance(s.Df, tuple) and getattr(s.Df[0], "ndim", 3) != 4 else rule.stack_form(s)
+                   for rule, s in zip(rules, signals)]
         # Signals the engine found to be the same at every step (Fixed) are closed over,
         # not scanned; one fixed at zero is a structural zero (LIF's ∂a/∂x, say), one
         # fixed at one (∂V/∂x) a product XLA leaves out.
-        D = tuple(tuple(map(_structural, row)) for row in D)
-        Df = tuple(map(_structural, Df))
-        (D, Df, G, dY), (D_fixed, Df_fixed, G_fixed, dY_fixed) = _split_fixed((D, Df, G, dY))
-        steps = X.steps if isinstance(X, Fixed) else X.shape[0]
-        if isinstance(X, Fixed):
-            X = jnp.broadcast_to(X.value, (steps, *X.value.shape))
-        shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
-        a_slab = next(iter(jax.tree.leaves((Df, Df_fixed, D, D_fixed))))  # (..., rows, O)
-        rows, K, O = shape[0] * shape[1], X.shape[-1], a_slab.shape[-1]  # rows: samples × positions
+        D = tuple(tuple(map(_structural, row)) for row in signals[0].D)
+        G = signals[0].G
+        Dfs = tuple(tuple(map(_structural, s.Df)) for s in signals)
+        dYs = tuple(s.dY for s in signals)
+        (D, Dfs, G, dYs), (D_fixed, Dfs_fixed, G_fixed, dYs_fixed) = _split_fixed((D, Dfs, G, dYs))
+        X0 = signals[0].X
+        steps = X0.steps if isinstance(X0, Fixed) else X0.shape[0]
+        a_slab = next(iter(jax.tree.leaves((Dfs, Dfs_fixed, D, D_fixed))))  # (..., rows, O)
+        states = traces[0].shape[2]
+        rows, O = traces[0].shape[0] * traces[0].shape[1], a_slab.shape[-1]  # rows: samples × positions
         S = range(states)
         # Per-unit S×S matrices are nested lists of (rows, O) slabs; entries of D that
         # are zero by construction are None and their products are skipped, the suffix
@@ -266,24 +283,37 @@ class DRTRL:
         def reached(suffix, Df_r):  # Π_r Df_r per state
             return [filled(_total(_times(suffix[i][m], Df_r[m]) for m in S)) for i in S]
 
-        if G is None:  # no learning signal in the chunk: advance the trace only
+        if G is None:  # no learning signal in the chunk: advance the traces only
             def carry_only(suffix, inputs):
-                D_r, Df_r = _merged(inputs, (D_fixed, Df_fixed))
-                return times(suffix, D_r), reached(suffix, Df_r)
+                D_r, Dfs_r = _merged(inputs, (D_fixed, Dfs_fixed))
+                return times(suffix, D_r), [reached(suffix, Df_r) for Df_r in Dfs_r]
 
-            decay, reach = lax.scan(carry_only, identity, (D, Df), reverse=True, length=steps)
-            grad = None
+            decay, reach = lax.scan(carry_only, identity, (D, Dfs), reverse=True, length=steps)
+            mu, signal = None, [None] * len(rules)
         else:
             def back(carry, inputs):
                 lam, suffix = carry  # λ_r and Π_r
-                G_r, D_r, Df_r, dY_r = _merged(inputs, (G_fixed, D_fixed, Df_fixed, dY_fixed))
-                signal = filled(_total([_times(Df_r[s], lam[s]) for s in S] + [dY_r]))
+                G_r, D_r, Dfs_r, dYs_r = _merged(inputs, (G_fixed, D_fixed, Dfs_fixed, dYs_fixed))
+                signal = [filled(_total([_times(Df_r[s], lam[s]) for s in S] + [dY_r]))
+                          for Df_r, dY_r in zip(Dfs_r, dYs_r)]
                 lam = [_total([G_r[j]] + [_times(D_r[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
-                return (lam, times(suffix, D_r)), (reached(suffix, Df_r), signal)
+                return (lam, times(suffix, D_r)), ([reached(suffix, Df_r) for Df_r in Dfs_r], signal)
 
-            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Df, dY), reverse=True,
-                                                     length=steps)
-            grad = gram(X, signal.astype(X.dtype), merge=not self.sharded)
+            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Dfs, dYs),
+                                                     reverse=True, length=steps)
+        return [rule._finish(trace, s.X, steps, mu, decay, reach_n, signal_n)
+                for rule, trace, s, reach_n, signal_n in zip(rules, traces, signals, reach, signal)]
+
+    def _finish(self, traces, X, steps, mu, decay, reach, signal) -> tuple[jax.Array, jax.Array]:
+        """One pair's gradient and trace after a chunk from the backward pass of
+        :meth:`chunk_group` (``mu`` ``λ_0`` and ``signal`` ``None`` without a learning
+        signal)."""
+        if isinstance(X, Fixed):
+            X = jnp.broadcast_to(X.value, (steps, *X.value.shape))
+        shape, dtype, states = traces.shape, traces.dtype, traces.shape[2]
+        rows, K, O = shape[0] * shape[1], X.shape[-1], reach[0].shape[-1]
+        S = range(states)
+        grad = None if signal is None else gram(X, signal.astype(X.dtype), merge=not self.sharded)
         if self.entries is not None:  # the same at the sparse weight's entries only
             k, o = self.entries
             E = traces.reshape(rows, states, -1)

@@ -618,6 +618,25 @@ def shared_groups(pairs, rules, eqns) -> list[list[int]]:
     return [group for group in groups if len(group) > 1]
 
 
+def chunk_groups(pairs, rules) -> list[list[int]]:
+    """Pairs (indices, two or more each) whose rules' chunks run as one
+    (``Rule.chunk_group``): pairs that drive the same hidden group, so read the same
+    ``D`` and ``G``, whose rules join one another's chunks (``Rule.joins_chunk_with``)."""
+    groups: list[list[int]] = []
+    for n, (pair, rule) in enumerate(zip(pairs, rules)):
+        if not hasattr(rule, "chunk_group"):
+            continue
+        for group in groups:
+            lead = pairs[group[0]]
+            if (lead.group.index == pair.group.index and lead.readout_memory == pair.readout_memory
+                    and lead.positions == pair.positions and rules[group[0]].joins_chunk_with(rule)):
+                group.append(n)
+                break
+        else:
+            groups.append([n])
+    return [group for group in groups if len(group) > 1]
+
+
 def signal_bytes(pair: TracedPair, batch: int, itemsize: int) -> int:
     """Bytes per step of a pair's signals stacked over a chunk for a rule's ``chunk``
     (``X``; ``D``, ``Df``, ``G``, ``dY`` and the step's states per unit): the estimate
@@ -698,6 +717,7 @@ def build_online(
     eqns = module.jaxpr.eqns
     deferred = program.deferred
     shared = shared_groups(pairs, rules, eqns)
+    by_group = chunk_groups(pairs, rules)
     # Numbers per step the chunk stacks for the deferred ops (their X and δy rows).
     deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
                         for i in deferred)
@@ -800,13 +820,20 @@ def build_online(
             finished.update(zip(joined[n][0], grad) if n in joined else [(n, grad)])
         for lead, (group, run_group) in joined.items():  # the traces back per pair
             inner.update(zip(group, run_group.traces(inner[lead])))
+        # Pairs of one hidden group whose rules chunk together (chunk_groups): one pass.
+        chunked = {}
+        for group in by_group:
+            group = [n for n in group if n not in inner]
+            if len(group) > 1:
+                chunked.update(zip(group, rules[group[0]].chunk_group(
+                    [rules[n] for n in group], [traces[n] for n in group], [signals[n] for n in group], t)))
         for n, (rule, trace, pair_signals) in enumerate(zip(rules, traces, signals)):
             if n in finished:
                 pair_acc[n] = pair_acc[n] + finished[n].astype(pair_acc[n].dtype)
             if n in inner:
                 new_traces.append(inner[n])
                 continue
-            grad, trace = run_rule_chunk(rule, trace, pair_signals, t)
+            grad, trace = chunked[n] if n in chunked else run_rule_chunk(rule, trace, pair_signals, t)
             if grad is not None:
                 pair_acc[n] = pair_acc[n] + grad.astype(pair_acc[n].dtype)
             new_traces.append(trace)

@@ -25,7 +25,7 @@ from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
 from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.base import PairSignals
 
-from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, get_case, grads_by_path, lin, mse, reference_bptt,
+from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, get_case, grads_by_path, lin, mse, rand, reference_bptt,
                        to_host)
 from .test_user_neurons import NEURONS
 
@@ -137,6 +137,90 @@ def test_es_pairs_on_one_input_run_as_one_and_stay_exact(cases, monkeypatch):
     monkeypatch.setattr(online, "chunk_size", lambda *a, **k: seen.append(k.get("shared")) or chunk_size(*a, **k))
     program.chunk_for(T)
     assert seen == [[[0, 1, 2, 3]]]  # the program budgets the group as one
+
+
+class TwoWeightsOneGroup(brainstate.nn.Module):
+    """An ALIF layer driven by a dense weight and a sparse one (a fixed mask; D-RTRL keeps
+    its trace at the present entries): two relations of one hidden group, the second
+    through a ``tanh`` so that the two differ in ``Df`` and ``dY``."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = lin(I, N, 0, 2.0)
+        mask = np.asarray(rand(51, I, N) > 0.5, np.float64)  # ~30 % of the entries: a sparse trace
+        self.sparse = L.Linear(I, N, w_init=rand(3, I, N, scale=1.5), with_bias=False, mask=mask)
+        self.alif = L.ALIF(N, tau=10.0, tau_a=30.0, beta=0.5, surrogate="sigmoid")
+        self.out = lin(N, O, 2)
+
+    def update(self, x):
+        return self.out(self.alif(self.dense(x) + 2.0 * jnp.tanh(self.sparse(x))))  # Df, dY per weight
+
+
+def _reverse_scans(jaxpr) -> int:
+    """``lax.scan``s run in reverse in ``jaxpr`` and every jaxpr inside it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "scan" and eqn.params["reverse"]
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    count += _reverse_scans(sub.jaxpr)
+                elif hasattr(sub, "eqns"):
+                    count += _reverse_scans(sub)
+    return count
+
+
+@pytest.mark.parametrize("loss_on", ["all", "last"])
+def test_pairs_of_one_group_chunk_as_one_and_stay_exact(loss_on, monkeypatch):
+    """A hidden group's pairs read the same ``D`` and ``G``: D-RTRL runs their chunks as
+    one backward pass (``online.chunk_groups``, ``DRTRL.chunk_group``), each pair's
+    reach and signal made in it, and the gradients are BPTT's (ALIF is exact under
+    D-RTRL), float64, with a dense and a sparse weight on the group, the loss at every
+    step or only at the last (the chunks before it advance the traces only: no
+    learning signal), chunks of 7 over 30 steps. The program has one backward pass per
+    chunk where the pairs apart have two; the LSTM's four gates join, the GRU's two
+    D-RTRL weights join, and ES-D-RTRL (no chunk) and the hybrid's mixed rules do not."""
+    from etrace_fit.algorithms import d_rtrl, online
+
+    monkeypatch.setattr(d_rtrl, "STEPWISE_NUMBERS", 0)  # every trace through the chunk
+    chunk_groups = online.chunk_groups
+    flags = (np.arange(T) == T - 1) if loss_on == "last" else np.ones(T, bool)
+    case = Case(TwoWeightsOneGroup, (T, B, I), (T, B, O), 64)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+        reference = reference_bptt(case.model, case.xs, targets, _weighted, B)[0]
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+        assert len(plan.pairs) == 2 and plan.pairs[1].sparse_entries is not None
+        assert chunk_groups(plan.pairs, plan.rules) == [[0, 1]]
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        args = (weights, module.state_leaves(), [case.xs], targets)
+        active = "last" if loss_on == "last" else None
+        scans = []
+        for join in (True, False):
+            if not join:
+                monkeypatch.setattr(online, "chunk_groups", lambda *a: [])
+            brainstate.nn.reset_all_states(case.model, batch_size=B)
+            program = build_online(graph, plan.pairs, plan.rules, _weighted, trace_dtype=plan.trace_dtype, chunk=7)
+            run = lambda w, s, x, y: program.run(w, s, x, y, active=active)  # noqa: E731
+            scans.append(_reverse_scans(jax.make_jaxpr(run)(*args).jaxpr))
+            grads = grads_by_path(module, [np.asarray(g) for g in jax.jit(run)(*args)[0]])
+            assert_grads_match(grads, reference, 1e-9)
+    assert scans[0] > 0 and 2 * scans[0] == scans[1], scans
+    for cell, groups in ((L.LSTMCell, [[0, 1, 2, 3]]), (L.GRUCell, [[0, 1]])):
+        rnn = Case(lambda cell=cell: ef.Sequential(cell(I, N), lin(N, O, 2)), (T, B, I), (T, B, O), 64)
+        with rnn.env(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            found = {}
+            for algo in ("d_rtrl", "esd_rtrl", "hybrid"):
+                _, plan = ef.algorithms.plan_for(rnn.model, rnn.xs, rnn.ys, rnn.step_loss, algo=algo,
+                                                 **({"memory_budget": 1000} if algo == "hybrid" else {}))
+                found[algo] = (chunk_groups(plan.pairs, plan.rules), {r.name for r in plan.rules})
+        assert found["d_rtrl"][0] == groups and found["esd_rtrl"][0] == []
+        if cell is L.GRUCell:  # a budget that fits one weight's trace: one D-RTRL, one ES pair
+            assert found["hybrid"] == ([], {"d_rtrl", "esd_rtrl"}), found["hybrid"]
 
 
 @pytest.mark.parametrize("name", ["lif", "alif", "snntorch_zero"])
@@ -517,8 +601,12 @@ def test_the_lstm_d_rtrl_program_stacks_its_groups_signals_once(cases, monkeypat
     once, not once per pair (XLA's temp memory drops by more than a stacked slab's
     worth), with the same gradients to the bit."""
     from etrace_fit import _compat
+    from etrace_fit.algorithms import online
 
     case = _case(cases, "lstm")
+    # The pairs' chunks apart: joined (online.chunk_groups), they read the group's D and
+    # G from its first pair only, and the others' stacking never shows.
+    monkeypatch.setattr(online, "chunk_groups", lambda *a: [])
     shared_grads, _ = _program_grads(case, "d_rtrl", chunk=T)
     with case.env(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
