@@ -353,7 +353,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
     def _check_first(self, xs, ys) -> None:
         """Errors before any training, on the first batch: the model's input size (the
         layer says), the loss's output shape (one value per sample) and the labels' range."""
-        out = self._outputs(xs[:1])
+        out = self._output_shape(xs[:1])
         self._num_classes = int(out.shape[-1]) if out.ndim >= 2 else None
         value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
         if tuple(value.shape) != tuple(out.shape[:2]):

@@ -77,8 +77,8 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     x, y = _data(20)
     xv, yv = _data(6, seed=1)
     trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
-    calls = {"step": 0, "forward": 0}
-    build, outputs = trainer._build_step, trainer._outputs
+    calls = {"step": 0, "forward": 0, "shape": 0}
+    build, outputs, output_shape = trainer._build_step, trainer._outputs, trainer._output_shape
 
     def counting_build(compiled):
         step = build(compiled)
@@ -93,7 +93,11 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
         calls["forward"] += 1
         return outputs(xs)
 
-    trainer._build_step, trainer._outputs = counting_build, counting_outputs
+    def counting_shape(xs):
+        calls["shape"] += 1
+        return output_shape(xs)
+
+    trainer._build_step, trainer._outputs, trainer._output_shape = counting_build, counting_outputs, counting_shape
     compiles = []
     count = [0]
 
@@ -114,7 +118,8 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert calls["step"] == 9  # one call per batch, 3 batches x 3 epochs
-    assert calls["forward"] == 1  # the shape check before the first batch only
+    # The shape check before the first batch traces the model once and runs nothing.
+    assert calls["shape"] == 1 and calls["forward"] == 0
     assert len(trainer._steps) == 2  # one compiled step per batch shape (8 and 4)
     assert compiles[1] > compiles[0]  # the first epoch compiled ...
     assert compiles[2:] == [compiles[1]] * 4, compiles  # ... and later epochs reuse it all
