@@ -250,16 +250,16 @@ class TensorBoard(Callback):
         if trainer.sample_input is None or not trainer.spiking_layers():
             return
         samples, label = self._samples()
-        recorded = [trainer.record_spikes(sample) for sample in samples]
+        recorded = trainer._record_batch(samples)  # every sample's spikes in one call
         train = self._writer("train")
-        for name in recorded[0]:
-            stats = firing_statistics(np.stack([r[name] for r in recorded]))
+        for name in recorded:
+            stats = firing_statistics(recorded[name])
             layer = self._labels.get(name, name)
             for key, value in stats.items():
                 train.add_scalar(f"firing/{key}/{layer}", value, epoch)
         if not raster:
             return
-        spikes = {self._labels.get(name, name): value for name, value in recorded[0].items()}
+        spikes = {self._labels.get(name, name): value[0] for name, value in recorded.items()}
         first = samples[:1] if not trainer.time_major else np.swapaxes(samples[:1], 0, 1)
         output = trainer.predict(first, verbose=0)
         # Class scores give a prediction for the title; other outputs (regression) none.

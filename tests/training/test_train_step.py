@@ -166,6 +166,12 @@ def test_record_spikes_matches_the_spikes_the_model_emits(cell):
     emitted = trainer.predict(x, batch_size=4, last_only=False)[1]  # the model's output is the spike train
     np.testing.assert_array_equal(spikes["layers.1"], emitted)
     assert 0 < spikes["layers.1"].sum() < T * H
+    # TensorBoard's firing statistics record several sequences in one call: each one's
+    # spikes are the model's for that sequence alone.
+    batch = trainer._record_batch(x)["layers.1"]
+    assert batch.shape == (4, T, H)
+    np.testing.assert_array_equal(batch, trainer.predict(x, batch_size=4, last_only=False))
+    np.testing.assert_array_equal(batch[1], spikes["layers.1"])
 
 
 def test_record_spikes_errors():
