@@ -423,7 +423,17 @@ READING = [
     "the strided writes cost as much: the demo's step 1.03 → 1.05× and 1.01 → 1.02× BPTT's in two runs); "
     "D-RTRL's suffix products over a chunk carried as one stacked array instead of one per entry of the "
     "`3×3` pattern (the demo's backward pass one kernel a step instead of seven, 31 µs a step either way: "
-    "it reads `D` from buffers that have left the caches; the step 1.01 → 1.03× BPTT's).",
+    "it reads `D` from buffers that have left the caches; the step 1.01 → 1.03× BPTT's). Later that day: "
+    "the stacked signals carried once more, from a buffer zero-filled once per call instead of per chunk "
+    "(the demo's step 0.952 → 0.977× BPTT's: 3 of its 10 buffers per chunk were still filled, by the "
+    "backward pass's outputs, and the writes into buffers the previous chunk had read cost what the fill "
+    "saved); the per-unit Jacobian made again at each step of D-RTRL's backward pass from the values it "
+    "is made of, entrywise (an ALIF's six slabs and `∂ē/∂y` from `V`, `a` and the input current: the step "
+    "loop stacked 4 of its 8 slabs and ran 15 kernels a step instead of 19, 39 against 59 µs a step by "
+    "the profiler, a toy of the two loops ran 3.8 → 2.5 ms a chunk; but XLA made the slabs again inside "
+    "each of the backward pass's kernels that read them, and the demo's step measured 0.973 → 0.965× and "
+    "0.933 → 0.933× BPTT's, with an optimisation barrier after the remaking 0.929×; the feed-forward LIF, "
+    "RLIF and GRU nets, one state per unit, saved too little for it to apply).",
 ]
 
 
