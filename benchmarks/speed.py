@@ -518,7 +518,7 @@ def demo_section() -> list[str]:
             "2026-11-26 late (after `base.gram` merged its rows; the demo's path barely uses it): hybrid "
             "0.986 in 15.2 s against BPTT's 0.984 in 14.8 s (1.03×), e-prop 1.03× — the same parity, on "
             "the other side of 1 this time; the step alone measured 1.01–1.03× BPTT's batch that day (A/B "
-            "in one process), compiled in 1.21–1.28 s against 0.70 s."]
+            "in one process), compiled in 1.21–1.28 s against 0.70 s. Later on 2026-11-26 (after the fit's first checks stopped compiling a forward pass and the TensorBoard callback recorded its firing statistics in one call: both runs' start ~0.5 s shorter): hybrid 0.986 in 15.3 s against BPTT's 0.984 in 14.4 s (1.06×; the first seeds 15.17 s both, BPTT's later two 14.3–14.4 s, the hybrid's 15.3 s), its step alone 0.93–0.97× BPTT's batch (A/B in one process) and compiled in 1.15–1.28 s against 0.67–0.71 s, traced and lowered in 0.34–0.50 s against 0.17 s: the hybrid's longer start (~0.9 s) is more than its faster batches save over the 480 batches (~0.5 s)."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,
