@@ -374,9 +374,11 @@ READING = [
     "BPTT, 0.50 → 0.46× with the loss at the last step, on the LSTM 1.69 → 1.35× (temp 45.4 → 40.8 MiB); "
     "identical gradients. The target rows above were measured after (5). (6) D-RTRL runs the chunks of the "
     "pairs that drive one hidden group as one backward pass (`online.chunk_groups`): `λ` and the suffix "
-    "products are carried once, each pair's reach and signal made in the same pass; LSTM 1.40 → 1.28× "
-    "BPTT, the GRU within noise (its backward passes 3.6 → 2.4 ms a sequence by the profiler); identical "
-    "gradients.",
+    "products are carried once, each pair's reach and signal made in the same pass; identical gradients. "
+    "Passes apart run side by side on the host's threads, so a group joins only with more pairs than "
+    "cores: on 2, the LSTM's four gates 1.40 → 1.28× BPTT (0.97 → 0.86× with the loss at the last step), "
+    "while the GRU's two weights joined measured 0.45 → 0.52× at the last step and stay apart; the rows "
+    "above were measured after this.",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "

@@ -179,10 +179,13 @@ def test_pairs_of_one_group_chunk_as_one_and_stay_exact(loss_on, monkeypatch):
     step or only at the last (the chunks before it advance the traces only: no
     learning signal), chunks of 7 over 30 steps. The program has one backward pass per
     chunk where the pairs apart have two; the LSTM's four gates join, the GRU's two
-    D-RTRL weights join, and ES-D-RTRL (no chunk) and the hybrid's mixed rules do not."""
+    D-RTRL weights join, and ES-D-RTRL (no chunk) and the hybrid's mixed rules do not.
+    Groups no larger than the passes XLA runs side by side (the host's cores) stay
+    apart: with two, the GRU's pair does and the LSTM's four gates still join."""
     from etrace_fit.algorithms import d_rtrl, online
 
     monkeypatch.setattr(d_rtrl, "STEPWISE_NUMBERS", 0)  # every trace through the chunk
+    monkeypatch.setattr(online, "passes_side_by_side", lambda: 1)  # two pairs join (on 2 cores they would not)
     chunk_groups = online.chunk_groups
     flags = (np.arange(T) == T - 1) if loss_on == "last" else np.ones(T, bool)
     case = Case(TwoWeightsOneGroup, (T, B, I), (T, B, O), 64)
@@ -209,6 +212,7 @@ def test_pairs_of_one_group_chunk_as_one_and_stay_exact(loss_on, monkeypatch):
             grads = grads_by_path(module, [np.asarray(g) for g in jax.jit(run)(*args)[0]])
             assert_grads_match(grads, reference, 1e-9)
     assert scans[0] > 0 and 2 * scans[0] == scans[1], scans
+    plan_d = {}
     for cell, groups in ((L.LSTMCell, [[0, 1, 2, 3]]), (L.GRUCell, [[0, 1]])):
         rnn = Case(lambda cell=cell: ef.Sequential(cell(I, N), lin(N, O, 2)), (T, B, I), (T, B, O), 64)
         with rnn.env(), warnings.catch_warnings():
@@ -218,7 +222,12 @@ def test_pairs_of_one_group_chunk_as_one_and_stay_exact(loss_on, monkeypatch):
                 _, plan = ef.algorithms.plan_for(rnn.model, rnn.xs, rnn.ys, rnn.step_loss, algo=algo,
                                                  **({"memory_budget": 1000} if algo == "hybrid" else {}))
                 found[algo] = (chunk_groups(plan.pairs, plan.rules), {r.name for r in plan.rules})
+                if algo == "d_rtrl":
+                    plan_d[cell] = plan
         assert found["d_rtrl"][0] == groups and found["esd_rtrl"][0] == []
+        # Pairs that XLA can run side by side (as many as the host's cores) stay apart.
+        assert chunk_groups(plan_d[cell].pairs, plan_d[cell].rules, side_by_side=2) == ([[0, 1, 2, 3]]
+                                                                                    if cell is L.LSTMCell else [])
         if cell is L.GRUCell:  # a budget that fits one weight's trace: one D-RTRL, one ES pair
             assert found["hybrid"] == ([], {"d_rtrl", "esd_rtrl"}), found["hybrid"]
 
