@@ -3,7 +3,8 @@
 data-parallel point needs — ALIF: D-RTRL's two-state traces split over the batch;
 dropout: the masks of one key; batch norm: the statistics of the whole batch, through
 BPTT's backward pass and a rule's; LSTM: ES-D-RTRL's gates run as one pair in its
-step loop (online.shared_groups)."""
+step loop (online.shared_groups). The worker joins every hidden group's D-RTRL pairs
+into one pass (online.chunk_groups), so the GRU's two weights run it sharded."""
 
 COMBOS = (("gru", "bptt"), ("gru", "d_rtrl"), ("gru", "esd_rtrl"), ("alif", "d_rtrl"), ("dropout", "d_rtrl"),
           ("batchnorm", "bptt"), ("batchnorm", "esd_rtrl"), ("lstm", "esd_rtrl"))

@@ -23,8 +23,13 @@ from etrace_fit.errors import ConfigError  # noqa: E402
 
 from _combos import COMBOS  # noqa: E402  (this script's folder is on sys.path)
 
+from etrace_fit.algorithms import online  # noqa: E402
+
 jax.config.update("jax_enable_x64", True)
 warnings.simplefilter("ignore")
+# Every hidden group's D-RTRL pairs run their chunks as one pass (whatever this host's
+# cores, online.chunk_groups), so the GRU's two weights join on the sharded traces too.
+online.passes_side_by_side = lambda: 1
 assert jax.device_count() == 4, jax.devices()
 
 
