@@ -137,6 +137,43 @@ def test_gradients_and_trace_norms_of_the_last_batch_are_kept(algo):
     assert float(jnp.abs(trainer.last_gradients["layers.0.weight"]["weight"]).sum()) > 0
 
 
+def test_the_epoch_end_norm_check_is_exact_in_float64_and_compiles_nothing():
+    """The norms the epoch-end check warns on: the global gradient norm and the largest
+    per-sample trace norm, against numpy in float64 (float32 values whose squares
+    overflow float32 included; a NaN stays a NaN, so it warns); after a fit, the check
+    compiles no program."""
+    from etrace_fit.training.dashboards import _norms
+
+    gradients = {"a": {"weight": jnp.asarray([[3e20, 4e20]], jnp.float32)}, "b": {"bias": jnp.asarray([12e20])}}
+    traces = {"a": jnp.asarray([1.0, 7.5, 2.0]), "b": jnp.asarray([3.0, 2.0])}
+    gradient, trace = _norms(gradients, traces)
+    assert gradient == pytest.approx(13e20, rel=1e-6) and trace == 7.5
+    assert _norms(None, {}) == (0.0, 0.0)
+    assert np.isnan(_norms({"a": jnp.asarray([1.0, np.nan])}, {})[0])
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo="d_rtrl")
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    leaves = jax.tree.leaves(trainer.last_gradients)
+    want = np.sqrt(sum(np.sum(np.asarray(leaf, np.float64) ** 2) for leaf in leaves))
+    got = _norms(trainer.last_gradients, trainer.last_trace_norms)
+    assert got[0] == pytest.approx(want, rel=1e-12) and got[0] > 0
+    assert got[1] == max(float(np.max(n)) for n in trainer.last_trace_norms.values())
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.clear_caches()  # nothing compiled before counts
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer._norms_warned = False
+        trainer._check_norms(0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert count[0] == 0
+
+
 def test_with_update_every_there_is_no_batch_gradient_but_trace_norms_remain():
     x, y = _data(8)
     trainer = ef.Trainer(_model(), update_every=5)
