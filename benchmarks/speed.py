@@ -436,6 +436,27 @@ READING = [
     "each of the backward pass's kernels that read them, and the demo's step measured 0.973 → 0.965× and "
     "0.933 → 0.933× BPTT's, with an optimisation barrier after the remaking 0.929×; the feed-forward LIF, "
     "RLIF and GRU nets, one state per unit, saved too little for it to apply).",
+    "- Tried and reverted (later on 2026-11-26, alternated in one process, both orders): the steps before "
+    "the last that remain after the full chunks run with the last step as one short chunk whose pull-back "
+    "runs at every step and counts at the last (no program copy and no trace pass for a remainder of its "
+    "own; the demo's 229 = 6 × 38 + 1 steps end in a chunk of 2): the demo's step compiled in 1.52–1.56 s "
+    "instead of 1.26 s (HLO 2396 → 2745 instructions: the chunk's machinery over two steps is larger than "
+    "two single steps), its batch within noise (0.961 → 0.963 and 1.027 → 0.992× BPTT's); the step loop "
+    "writing a D-RTRL pair's stacked signals of one shape as one array (`(N, B·P, O)` a step, the demo's "
+    "7 slabs of `(32, 200)` in one 179 KB write instead of seven) and the backward pass reading its "
+    "entries in place (slicing a step's packed row first ran the backward kernels 2–3× slower): the step "
+    "loop 12.1 → 10.2 ms a batch by the profiler, but the one write took 14.6 µs a step, bound by memory "
+    "as the seven were, and the demo's step measured 0.954 → 0.975× and 0.933 → 0.950× BPTT's. XLA "
+    "options for the start: `xla_cpu_use_fusion_emitters=false` compiled the demo's online step in 0.83 s "
+    "instead of 1.27 s but ran it in 26.2 ms instead of 23.9 (1.1 s more over the run's 480 batches); "
+    "`xla_cpu_parallel_codegen_split_count` 1 or 2 changed nothing (the compile already keeps ~1.7 cores "
+    "busy: 2.2 s of CPU in 1.27 s); XNNPACK's YNN fusions of whole dots (`LIBRARY_FUSION_TYPE_DOT`) ran "
+    "the step 6 % slower, with elementwise ones 2× slower, and without YNN ES-D-RTRL on the LIF net went "
+    "0.717 → 0.781× BPTT's time and BPTT 4 % slower. Where the online start goes (a one-epoch fit of two "
+    "batches, 2.33–2.39 s against BPTT's 1.54–1.56 s): the step's compile +0.6 s, its tracing +0.23 s and "
+    "lowering +0.14 s; by `perf`, the compile is LLVM's code generation (37 %), XLA's MLIR fusion "
+    "emitters (19 %) and its HLO passes (~13 %), each about proportional to the kernels (137 fusions "
+    "against BPTT's 82).",
 ]
 
 
