@@ -26,13 +26,34 @@ __all__ = ["Dashboards"]
 
 
 def _norms(gradients: Any, trace_norms: Any) -> tuple[float, float]:
-    """The global gradient norm and the largest trace norm, on the host in float64
+    """The global gradient norm and the largest trace norm. On the host in float64
     (squares of float32 values cannot overflow there): once an epoch, on arrays of the
     weights' size, where a jitted program took 0.08 s to compile at the first epoch's
-    end of every ``fit`` (the demo's, 2026-11-26)."""
+    end of every ``fit`` (the demo's, 2026-11-26). Arrays that span other processes'
+    devices (a multi-host run) cannot be read on one host: one jitted program reduces
+    them across processes (:func:`_global_norms`)."""
+    leaves = jax.tree.leaves((gradients, trace_norms))
+    if not all(getattr(leaf, "is_fully_addressable", True) for leaf in leaves):
+        return tuple(float(v) for v in _global_norms(gradients, trace_norms))
     squares = sum(float(np.sum(np.square(np.asarray(leaf, np.float64)))) for leaf in jax.tree.leaves(gradients))
     traces = [float(np.max(np.asarray(norms, np.float64))) for norms in jax.tree.leaves(trace_norms)]
     return math.sqrt(squares), max(traces) if traces else 0.0
+
+
+@jax.jit
+def _global_norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Array]:
+    """:func:`_norms` as one program (every process gets the same two numbers), the
+    gradient's squares scaled by its largest entry so that they do not overflow."""
+    leaves = jax.tree.leaves(gradients)
+    if leaves:
+        scale = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)).astype(jnp.float32) for leaf in leaves]))
+        safe = jnp.where(scale > 0, scale, 1.0)
+        squares = sum(jnp.sum(jnp.square(leaf.astype(jnp.float32) / safe)) for leaf in leaves)
+        gradient = safe * jnp.sqrt(squares)
+    else:
+        gradient = jnp.zeros(())
+    traces = [jnp.max(n) for n in jax.tree.leaves(trace_norms)]
+    return gradient, jnp.max(jnp.stack(traces)) if traces else jnp.zeros(())
 
 
 class Dashboards:

@@ -140,16 +140,20 @@ def test_gradients_and_trace_norms_of_the_last_batch_are_kept(algo):
 def test_the_epoch_end_norm_check_is_exact_in_float64_and_compiles_nothing():
     """The norms the epoch-end check warns on: the global gradient norm and the largest
     per-sample trace norm, against numpy in float64 (float32 values whose squares
-    overflow float32 included; a NaN stays a NaN, so it warns); after a fit, the check
-    compiles no program."""
-    from etrace_fit.training.dashboards import _norms
+    overflow float32 included; a NaN stays a NaN, so it warns), on the host and in the
+    program a multi-host run takes (tests/distributed run it across two processes);
+    after a fit on one host, the check compiles no program."""
+    from etrace_fit.training.dashboards import _global_norms, _norms
 
     gradients = {"a": {"weight": jnp.asarray([[3e20, 4e20]], jnp.float32)}, "b": {"bias": jnp.asarray([12e20])}}
     traces = {"a": jnp.asarray([1.0, 7.5, 2.0]), "b": jnp.asarray([3.0, 2.0])}
-    gradient, trace = _norms(gradients, traces)
-    assert gradient == pytest.approx(13e20, rel=1e-6) and trace == 7.5
-    assert _norms(None, {}) == (0.0, 0.0)
-    assert np.isnan(_norms({"a": jnp.asarray([1.0, np.nan])}, {})[0])
+    # the host form, and the one program that arrays spanning several processes take
+    for norms in (_norms, lambda g, t: tuple(float(v) for v in _global_norms(g, t))):
+        gradient, trace = norms(gradients, traces)
+        assert gradient == pytest.approx(13e20, rel=1e-6) and trace == 7.5
+        assert norms(None, {}) == (0.0, 0.0)
+        assert norms({"a": jnp.zeros(3)}, {"a": jnp.zeros(2)}) == (0.0, 0.0)
+        assert np.isnan(norms({"a": jnp.asarray([1.0, np.nan])}, {})[0])
     x, y = _data(8)
     trainer = ef.Trainer(_model(), algo="d_rtrl")
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
