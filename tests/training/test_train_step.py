@@ -1,6 +1,8 @@
 """The Trainer's training step: one jitted call per batch that applies the right
 gradient, compiles once per input shape, and reports gradients, trace norms and spikes."""
 
+import contextlib
+
 import brainstate
 import jax
 import jax.numpy as jnp
@@ -72,6 +74,22 @@ def test_one_sgd_step_applies_the_exact_bptt_gradient():
     assert trainer.last_trace_norms == {} and trainer.rules == {}  # BPTT keeps no traces
 
 
+@contextlib.contextmanager
+def _counting_compiles():
+    """``[n]``: the XLA compilations while the block runs, counted as they happen."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
 def test_each_batch_is_one_call_and_each_shape_compiles_once():
     """20 samples in batches of 8: shapes 8, 8, 4. Epochs after the first compile nothing."""
     x, y = _data(20)
@@ -99,11 +117,6 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
 
     trainer._build_step, trainer._outputs, trainer._output_shape = counting_build, counting_outputs, counting_shape
     compiles = []
-    count = [0]
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
 
     class Marks(ef.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -112,11 +125,8 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
         def on_epoch_end(self, epoch, logs=None):
             compiles.append(count[0])
 
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with _counting_compiles() as count:
         trainer.fit(x, y, batch_size=8, epochs=3, validation_data=(xv, yv), verbose=0, callbacks=[Marks()])
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert calls["step"] == 9  # one call per batch, 3 batches x 3 epochs
     # The shape check before the first batch traces the model once and runs nothing.
     assert calls["shape"] == 1 and calls["forward"] == 0
@@ -162,19 +172,10 @@ def test_the_epoch_end_norm_check_is_exact_in_float64_and_compiles_nothing():
     got = _norms(trainer.last_gradients, trainer.last_trace_norms)
     assert got[0] == pytest.approx(want, rel=1e-12) and got[0] > 0
     assert got[1] == max(float(np.max(n)) for n in trainer.last_trace_norms.values())
-    count = [0]
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
-
     jax.clear_caches()  # nothing compiled before counts
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        trainer._norms_warned = False
+    trainer._norms_warned = False
+    with _counting_compiles() as count:
         trainer._check_norms(0)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert count[0] == 0
 
 
