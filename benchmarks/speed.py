@@ -457,6 +457,53 @@ READING = [
     "lowering +0.14 s; by `perf`, the compile is LLVM's code generation (37 %), XLA's MLIR fusion "
     "emitters (19 %) and its HLO passes (~13 %), each about proportional to the kernels (137 fusions "
     "against BPTT's 82).",
+    "- How far below the engine ES-D-RTRL can run on the feed-forward LIF net: `benchmarks/es_handwritten.py` "
+    "writes the rule by hand as plain JAX over the model's weights (its gradient equal to the engine's to "
+    "6e-7 of the largest entry), per step as the engine runs it, and with the step loop split: the input "
+    "product for a chunk of C steps as one GEMM, a loop of only the membrane and `ε_f` recursions, and "
+    "everything else (readout, loss, pull-back, history, the rule's rows and GEMM, the readout's gradient) "
+    "vectorised over the chunk's `C·B` rows. Three runs on 2026-11-26, H = 128, B = 16, T = 200, loss at "
+    "every step, 15–21 rounds alternated with the engine's programs, ratios to the engine's BPTT:",
+    "",
+    "  | program | run 1 | run 2 | run 3 |",
+    "  |---|---|---|---|",
+    "  | engine, ES-D-RTRL | 0.80 | 0.77 | 0.79 |",
+    "  | by hand, per step | 0.88 | 0.91 | 0.97 |",
+    "  | by hand, chunks of 5 | 0.65 | 0.67 | 0.70 |",
+    "  | by hand, chunks of 10 | 0.61 | 0.62 | 0.65 |",
+    "  | by hand, chunks of 10, input product per step | 0.68 | 0.70 | 0.71 |",
+    "  | by hand, chunks of 20 | 0.79 | 0.79 | 0.80 |",
+    "  | by hand, chunks of 100 | 0.83 | 0.90 | 0.94 |",
+    "",
+    "  The engine's step loop already beats the same loop written by hand; the split loop at its best "
+    "chunk (10 steps; longer chunks lose it again) reaches 0.61–0.65×, still above the 0.6× target, and "
+    "only with the input product taken out of the loop, which the engine does not do (it would need the "
+    "model's layers that read only the input split out; alone, that change measured nothing on "
+    "2026-11-25). The engine's vectorised pull-back reverted earlier on 2026-11-26 ran chunks of 100 (LIF "
+    "0.89 → 1.05×), where the split loop written by hand is slow too.",
+    "- Tried and reverted (2026-11-26, a third session; alternated in one process, both orders): D-RTRL's "
+    "step loop stacking the fewer values a per-unit Jacobian's entries are made of instead of the entries, "
+    "its backward pass making the entries again at each step — a minimum vertex cut by bytes over the "
+    "step's jaxpr (common subexpressions merged first: each forward-mode column of the Jacobian is a pass "
+    "of its own with its own copy of the step; only entrywise equations between the cut and the entries). "
+    "On the demo's ALIF it stacked 3 slabs of `(32, 200)` a step instead of 7 (two differences of a "
+    "potential and its threshold and one surrogate derivative; without the merge, the potential, the "
+    "adaptation and the input current; 4 slabs with arithmetic alone between cut and entries); the step loop went 13.5 → 11.1 ms a batch by the profiler, but each of the backward "
+    "pass's kernels made the entries it reads again (XLA fused the remaking into all seven; an "
+    "optimisation barrier did not stop it), 2.6–3.2 → 9–10 µs a step for the largest, and the demo's "
+    "step measured 0.985 → 0.971, 1.009 → 1.003, 0.859 → 0.857 and 0.981 → 0.973× BPTT's: within noise. "
+    "A bound that stacked one slab for all seven entries (wrong gradients) read 0.987 → 0.793× in one "
+    "order and 0.978 → 0.967× in the other: in one process a program's time moved by up to 20 % with the "
+    "order the programs were built and run in, and two copies of one program differed by up to 4 %, so "
+    "smaller effects need both orders and more than one process. Also measured and dropped: the step "
+    "loop unrolled by 2 and 4 (ES-D-RTRL on the LIF net 0.736 → 0.797 and 1.074×); the demo in chunks "
+    "of 76 and 114 (0.938 and 1.20× BPTT's batch against 0.949 for 38); ES-D-RTRL in chunks of 100, 50, "
+    "20 and 10 (LIF 0.724, 0.756, 0.815, 0.725×; GRU 0.602, 0.622, 0.701× for the first three); the XLA "
+    "options `xla_cpu_enable_concurrency_optimized_scheduler` (the demo's online step 26.03 → 26.15 ms, "
+    "BPTT 25.83 → 25.93), a memory-optimised `xla_cpu_scheduler_type` (25.89 → 28.39 ms), "
+    "`xla_cpu_enable_fast_min_max` (25.89 → 26.29 ms) and `xla_llvm_disable_expensive_passes` (compile "
+    "1.33 s either way); `xla_cpu_use_multi_output_fusion` and `xla_cpu_small_while_loop_byte_threshold` "
+    "are not compile options of this jaxlib.",
 ]
 
 

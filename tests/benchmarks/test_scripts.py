@@ -17,6 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
     ["benchmarks/epoch_time.py", "--task", "rate", "--epochs", "2", "--rounds", "1", "--samples", "64"],
     ["benchmarks/fidelity.py", "--lengths", "4", "--batch", "2", "--hidden", "4"],
     ["benchmarks/es_floor.py", "--models", "lif", "--loss", "last", "--repeats", "1"],
+    # exits non-zero when a hand-written form's gradient is not the engine's ES-D-RTRL one
+    ["benchmarks/es_handwritten.py", "--chunks", "5", "--length", "10", "--repeats", "1"],
     ["benchmarks/demo_step.py", "--task", "rate", "--algos", "esd_rtrl", "bptt", "--calls", "2", "--rounds", "1"],
 ])
 def test_benchmark_script_runs(args):
