@@ -480,7 +480,12 @@ READING = [
     "only with the input product taken out of the loop, which the engine does not do (it would need the "
     "model's layers that read only the input split out; alone, that change measured nothing on "
     "2026-11-25). The engine's vectorised pull-back reverted earlier on 2026-11-26 ran chunks of 100 (LIF "
-    "0.89 → 1.05×), where the split loop written by hand is slow too.",
+    "0.89 → 1.05×), where the split loop written by hand is slow too; tried again the same day in the "
+    "engine with chunks of 5–50 (a step loop of the forward pass, `D`, `Df` and both traces, stacking each "
+    "step's states and traces; then the step's pull-back vmapped over the chunk; gradients equal to 3e-7) "
+    "it lost as well: LIF 0.696–0.752 → 0.77–0.94×, GRU 0.603 → 0.69–0.89×, since the engine's loop "
+    "keeps the input product and the Jacobian's passes, and the vmapped pull-back runs the whole step "
+    "again.",
     "- Tried and reverted (2026-11-26, a third session; alternated in one process, both orders): D-RTRL's "
     "step loop stacking the fewer values a per-unit Jacobian's entries are made of instead of the entries, "
     "its backward pass making the entries again at each step — a minimum vertex cut by bytes over the "
