@@ -45,6 +45,8 @@ from jax import lax
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import speed  # noqa: E402
 
+from etrace_fit import _compat  # noqa: E402
+
 H, B, T, ALPHA = 128, 16, 200, 0.9
 DECAY = float(np.exp(-1 / 10.0))  # the membrane's exp(-dt / τ)
 
@@ -138,7 +140,7 @@ def programs(chunks: list[int], length: int):
               for rule in ("bptt", "esd_rtrl")}
     b1, w1, b2, w2 = engine["engine esd_rtrl"][1][0]  # the weights, biases first
     W1, W2 = jnp.concatenate([w1, b1[None]]), jnp.concatenate([w2, b2[None]])
-    options = speed._compat.compiler_options()
+    options = _compat.compiler_options()  # as the engine's programs are compiled
     forms = {"by hand, per step": jax.jit(per_step, compiler_options=options)}
     for C in chunks:
         if length % C:
