@@ -58,6 +58,12 @@ def _class_label(value: Any) -> int | None:
     return int(value) if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) else None
 
 
+def _shape_key(tree: Any) -> tuple:
+    """Shapes and dtypes of a batch's arrays, as a hashable key."""
+    return tuple((tuple(np.shape(leaf)), str(getattr(leaf, "dtype", type(leaf).__name__)))
+                 for leaf in jax.tree.leaves(tree))
+
+
 class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
     """Trains a ``brainstate`` model on sequences with an online rule (or BPTT).
 
@@ -193,6 +199,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.history = History(model=self)
         self._step_loss = self._make_step_loss()
         self._forward = None
+        self._checked: dict[tuple, tuple] = {}  # _check_first's passed checks -> (loss, the model's classes)
         self._steps: dict[int, tuple[Any, Any]] = {}  # id(program) -> (program, jitted step)
         self._resets: dict[int, tuple[Any, Reset]] = {}  # id(program) -> (program, its traced reset)
         self._local_batches = False  # fit(ProcessLocal(...)): each process feeds its share of every batch
@@ -352,15 +359,24 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
 
     def _check_first(self, xs, ys) -> None:
         """Errors before any training, on the first batch: the model's input size (the
-        layer says), the loss's output shape (one value per sample) and the labels' range."""
-        out = self._output_shape(xs[:1])
-        self._num_classes = int(out.shape[-1]) if out.ndim >= 2 else None
-        value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
-        if tuple(value.shape) != tuple(out.shape[:2]):
-            name = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
-            raise ConfigError(f"loss {name!r} returned shape {tuple(value.shape[1:])} for a batch of "
-                              f"{out.shape[1]} samples; a loss returns one value per sample, shape "
-                              f"({out.shape[1]},) (sum or average any other axis inside the loss)")
+        layer says), the loss's output shape (one value per sample) and the labels' range.
+        The first two are traced once per batch shape, loss and compiled model
+        (``self._checked``; a later ``fit`` with them only checks the labels): the traces
+        took ~5 ms of every ``fit``'s start."""
+        key = (id(self.loss_fn), _shape_key(xs), _shape_key(ys))  # a loss object need not be hashable
+        passed = self._checked.get(key)
+        if passed is None or passed[0] is not self.loss_fn:
+            out = self._output_shape(xs[:1])
+            value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
+            if tuple(value.shape) != tuple(out.shape[:2]):
+                name = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+                raise ConfigError(f"loss {name!r} returned shape {tuple(value.shape[1:])} for a batch of "
+                                  f"{out.shape[1]} samples; a loss returns one value per sample, shape "
+                                  f"({out.shape[1]},) (sum or average any other axis inside the loss)")
+            self._checked[key] = (self.loss_fn, int(out.shape[-1]) if out.ndim >= 2 else None)
+        else:
+            self._ensure_states(np.shape(xs)[1])  # as the trace would have
+        self._num_classes = self._checked[key][1]
         self._check_targets(ys, "y")
 
     def _check_targets(self, y, where: str) -> None:
@@ -480,6 +496,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.stop_training = False
         if self.learner is not None and not self.learner.is_current():
             self.learner = None  # a layer attribute changed or states were recreated: compile again
+            self._checked.clear()
             self._steps.clear()
             self._resets.clear()
             self._axes.clear()

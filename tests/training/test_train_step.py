@@ -2,6 +2,7 @@
 gradient, compiles once per input shape, and reports gradients, trace norms and spikes."""
 
 import contextlib
+import functools
 
 import brainstate
 import jax
@@ -133,6 +134,52 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     assert len(trainer._steps) == 2  # one compiled step per batch shape (8 and 4)
     assert compiles[1] > compiles[0]  # the first epoch compiled ...
     assert compiles[2:] == [compiles[1]] * 4, compiles  # ... and later epochs reuse it all
+
+
+def test_a_later_fit_skips_the_shape_checks_it_passed_until_the_model_changes():
+    """The first batch's checks (the model's output shape, the loss's one value per
+    sample) trace the model and the loss once per batch shape and loss; a later ``fit``
+    with the same shapes only checks the labels. A changed layer attribute (the learner
+    compiles again) or another loss traces them again; the labels are checked at every
+    fit."""
+    x, y = _data(16)
+    model = _model()
+    trainer = ef.Trainer(model, optimizer=optax.adam(1e-2))
+    calls = {"shape": 0, "loss": 0}
+    output_shape, loss_fn = trainer._output_shape, trainer.loss_fn
+
+    def counting_shape(xs):
+        calls["shape"] += 1
+        return output_shape(xs)
+
+    @functools.wraps(loss_fn)  # its integer_labels flag too
+    def counting_loss(out, target):
+        calls["loss"] += 1  # once per trace of the loss
+        return loss_fn(out, target)
+
+    trainer._output_shape, trainer.loss_fn = counting_shape, counting_loss
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    first = dict(calls)
+    assert first["shape"] == 1 and first["loss"] >= 1
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert calls["shape"] == 1  # not traced again
+    assert calls["loss"] == first["loss"]  # the step's programs are compiled; the check's trace is skipped
+    with pytest.raises(ShapeError, match="labels must lie in"):
+        trainer.fit(x, np.full_like(y, 5), batch_size=8, epochs=1, verbose=0)  # the labels: checked every fit
+    model.layers[1].v_threshold = 0.9  # the step changes: compiled, and checked, again
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert calls["shape"] == 2
+
+    class Unhashable:  # another loss, which need not be hashable: checked again
+        __hash__ = None
+        integer_labels = True
+
+        def __call__(self, out, target):
+            return loss_fn(out, target)
+
+    trainer.loss_fn = Unhashable()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert calls["shape"] == 3
 
 
 @pytest.mark.parametrize("algo", ["hybrid", "esd_rtrl", "d_rtrl"])
