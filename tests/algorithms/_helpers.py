@@ -127,6 +127,29 @@ def online_grads(model, xs, targets, step_loss, batch_size, **kwargs):
     return to_host(grads), np.asarray(losses)
 
 
+def program_grads(case, algo, chunk, per_step=False, active=None):
+    """Gradient leaves and losses of ``case`` under ``algo`` with the engine built at
+    ``chunk`` (``per_step``: each rule wrapped to its per-step form; ``active``: as
+    ``program.run`` takes it, e.g. ``"last"``)."""
+    import warnings
+
+    from _per_step import PerStep
+
+    from etrace_fit.algorithms.online import build_online
+
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo=algo)
+        rules = tuple(PerStep(r) for r in plan.rules) if per_step else plan.rules
+        program = build_online(graph, plan.pairs, rules, case.step_loss, trace_dtype=plan.trace_dtype, chunk=chunk)
+        module = graph.module
+        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
+        run = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active=active))
+        grads, losses, _ = run(weights, module.state_leaves(), [case.xs], case.ys)
+    return [np.asarray(g) for g in grads], np.asarray(losses)
+
+
 def grads_by_path(module, leaves):
     """A program's gradient leaves (``module.weights`` order) as ``{ParamState path: value}``."""
     out, cursor = {}, 0

@@ -25,23 +25,9 @@ from etrace_fit.algorithms.online import build_online, chunk_size, DEFAULT_CHUNK
 from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.base import PairSignals
 
-from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, get_case, grads_by_path, lin, mse, rand, reference_bptt,
-                       to_host)
+from ._helpers import (B, I, N, O, T, Case, MODELS, assert_grads_match, get_case, grads_by_path, lin, mse, program_grads,
+                       rand, reference_bptt, to_host)
 from .test_user_neurons import NEURONS
-
-
-def _program_grads(case, algo, chunk, per_step=False):
-    """Gradient leaves of ``case`` under ``algo`` with the engine built at ``chunk``."""
-    with case.env(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", ef.ApproximationWarning)
-        brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
-        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo=algo)
-        rules = tuple(PerStep(r) for r in plan.rules) if per_step else plan.rules
-        program = build_online(graph, plan.pairs, rules, case.step_loss, trace_dtype=plan.trace_dtype, chunk=chunk)
-        module = graph.module
-        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
-        grads, losses, _ = jax.jit(program.run)(weights, module.state_leaves(), [case.xs], case.ys)
-    return [np.asarray(g) for g in grads], np.asarray(losses)
 
 
 def _user_case(name, steps=T):
@@ -78,9 +64,9 @@ def test_chunked_equals_per_step(cases, name, algo):
     """Chunks of 7 over T = 30 (four full chunks and a chunk of 2) and one chunk of
     all 30 steps give the per-step rule's gradients to float64 rounding."""
     case = _case(cases, name)
-    reference, ref_losses = _program_grads(case, algo, chunk=1, per_step=True)
+    reference, ref_losses = program_grads(case, algo, chunk=1, per_step=True)
     for chunk in (7, T):
-        grads, losses = _program_grads(case, algo, chunk=chunk)
+        grads, losses = program_grads(case, algo, chunk=chunk)
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
         for n, (g, r) in enumerate(zip(grads, reference)):
             scale = max(float(np.max(np.abs(r))), 1e-300)
@@ -236,7 +222,7 @@ def test_pairs_of_one_group_chunk_as_one_and_stay_exact(loss_on, monkeypatch):
 def test_chunked_d_rtrl_equals_bptt(cases, name):
     """Exact models: D-RTRL over chunks of 4 (and a last chunk of 2) is BPTT's gradient."""
     case = _case(cases, name)
-    grads, losses = _program_grads(case, "d_rtrl", chunk=4)
+    grads, losses = program_grads(case, "d_rtrl", chunk=4)
     with case.env():
         graph, _ = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")
     assert_grads_match(grads_by_path(graph.module, grads), case.ref_grads, 1e-8)
@@ -616,7 +602,7 @@ def test_the_lstm_d_rtrl_program_stacks_its_groups_signals_once(cases, monkeypat
     # The pairs' chunks apart: joined (online.chunk_groups), they read the group's D and
     # G from its first pair only, and the others' stacking never shows.
     monkeypatch.setattr(online, "chunk_groups", lambda *a: [])
-    shared_grads, _ = _program_grads(case, "d_rtrl", chunk=T)
+    shared_grads, _ = program_grads(case, "d_rtrl", chunk=T)
     with case.env(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
         graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="d_rtrl")

@@ -25,7 +25,7 @@ import etrace_fit as ef
 from etrace_fit import layers as L
 
 from ._helpers import (B, I, N, O, Case, LeakyIntegrator, assert_grads_match, assert_losses_match, cosine,
-                       MODELS, get_case, leaves_by_name, rand, rel_err)
+                       MODELS, get_case, leaves_by_name, program_grads, rand, rel_err)
 
 
 def _integrator_case(a, precision=64, T=25):
@@ -279,27 +279,10 @@ def test_esd_on_a_spiking_net_equals_the_rule_written_by_hand(chunk, last_only):
     float64, against :func:`_esd_by_hand` — one chunk of the whole sequence, chunks of 7
     (30 = 4 × 7 + 2, a shorter last chunk) and of 1 step, with the loss at every step and
     at the last step only (the engine then advances the traces without a pull-back)."""
-    import warnings
-
-    import brainstate
-    import jax
-
-    from etrace_fit.algorithms.online import build_online
-
     case = get_case("lif", 64)
-    want, want_losses = _esd_by_hand(case, 0.9, last_only)
-    with case.env(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", ef.ApproximationWarning)
-        brainstate.nn.reset_all_states(case.model, batch_size=case.batch)
-        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, case.step_loss, algo="esd_rtrl",
-                                             decay=0.9)
-        program = build_online(graph, plan.pairs, plan.rules, case.step_loss, trace_dtype=plan.trace_dtype,
-                               chunk=chunk)
-        module = graph.module
-        weights = [leaf for s in module.weights for leaf in jax.tree.leaves(s.state.value)]
-        run = jax.jit(lambda w, s, x, y: program.run(w, s, x, y, active="last" if last_only else None))
-        grads, losses, _ = run(weights, module.state_leaves(), [case.xs], case.ys)
-    got = dict(zip(leaves_by_name(case.ref_grads), [np.asarray(g) for g in grads]))
+    want, want_losses = _esd_by_hand(case, 0.9, last_only)  # α = 0.9: ES-D-RTRL's default decay
+    grads, losses = program_grads(case, "esd_rtrl", chunk, active="last" if last_only else None)
+    got = dict(zip(leaves_by_name(case.ref_grads), grads))
     assert set(got) == set(want)
     for name in want:
         assert got[name].shape == want[name].shape, name
