@@ -175,3 +175,51 @@ def test_a_temp_ratio_across_two_runs_is_not_read_as_a_result(tmp_path):
     saved.write_text(json.dumps({"meta": meta, "results": results}))
     results, _ = speed.merged(saved, [entry(200, 50), entry(2000, 80)], {"command": "both", "date": "d2"})
     assert verdicts(results) == {"MISS"}  # 80 / 50: judged, one run measured both
+
+
+def test_work_counts_a_programs_products_and_kernels_per_loop_trip():
+    """benchmarks/work.py's HLO walk, on a program whose counts are known by hand: a loop
+    of 7 trips with one (16, 64)(64, 128) product a step (thin: a side of 16), after it
+    one (1600, 65)ᵀ(1600, 128) product (batched), and a conditional whose costlier
+    branch (two products) counts, not the other (one (16, 16)(16, 128) product). Wrong trip counts, a branch summed
+    instead of the larger taken, or the classes swapped would each change a number."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    import work
+
+    def program(xs, w, rows, columns, flag, h):
+        def step(carry, x):
+            y = jnp.tanh(x @ w)
+            return carry + y.sum(), y
+
+        total, ys = lax.scan(step, 0.0, xs)
+        gram = rows.T @ columns
+        branch = lax.cond(flag, lambda: (h @ jnp.tanh(h.T @ h)).sum(), lambda: (h[:, :16] @ h[:16]).sum())
+        return total + gram.sum() + branch, ys
+
+    f32 = jnp.float32
+    args = (jnp.ones((7, 16, 64), f32), jnp.ones((64, 128), f32), jnp.ones((1600, 65), f32),
+            jnp.ones((1600, 128), f32), True, jnp.ones((16, 128), f32))
+    hlo = jax.jit(program).lower(*args).compile().as_text()
+    counts = work.count(hlo, thin=16)
+    # thin: 7 steps x 16*64*128, and the branch's (128, 16)(16, 128) and (16, 128)(128, 128)
+    assert counts["thin"] == 7 * 16 * 64 * 128 + 128 * 16 * 128 + 16 * 128 * 128
+    assert counts["batched"] == 65 * 1600 * 128
+    assert counts["kernels"] >= 7 * 2  # each step launches at least its product and the tanh
+    # per trip: the loop's kernels scale with its length, the rest do not
+    longer = work.count(jax.jit(program).lower(jnp.ones((14, 16, 64), f32), *args[1:]).compile().as_text(), thin=16)
+    assert longer["thin"] - counts["thin"] == 7 * 16 * 64 * 128
+    assert (longer["kernels"] - counts["kernels"]) % 7 == 0 and longer["kernels"] > counts["kernels"]
+
+
+@pytest.mark.slow
+def test_work_script_counts_every_rule():
+    result = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/work.py", "--models", "lif", "--hidden", "8",
+                             "--batch", "2", "--length", "6"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| lif |")]
+    assert [row.split("|")[2:4] for row in rows] == [[" all ", " bptt "], [" all ", " d_rtrl "], [" all ", " esd_rtrl "],
+                                                     [" last ", " bptt "], [" last ", " d_rtrl "], [" last ", " esd_rtrl "]]
+    assert rows[0].split("|")[6].strip() == "1.00"  # BPTT against itself
