@@ -509,6 +509,26 @@ READING = [
     "`xla_cpu_enable_fast_min_max` (25.89 → 26.29 ms) and `xla_llvm_disable_expensive_passes` (compile "
     "1.33 s either way); `xla_cpu_use_multi_output_fusion` and `xla_cpu_small_while_loop_byte_threshold` "
     "are not compile options of this jaxlib.",
+    "- Tried and reverted (2026-11-26, a fourth session; alternated in one process): more XLA options "
+    "for ES-D-RTRL on the LIF net against BPTT compiled alike (base 0.756 and 0.730× in two runs): "
+    "`xla_cpu_multi_thread_eigen=false` 0.797×, `xla_cpu_use_xnnpack` 0.745×, "
+    "`xla_cpu_use_fusion_emitters=false` 0.747×, `xla_cpu_prefer_vector_width` 512 / 128 0.772 / 0.776×, "
+    "`xla_cpu_use_onednn` 0.750×, a greedy `xla_cpu_experimental_xnn_graph_fusion_mode` 0.727×, "
+    "`xla_cpu_fast_math_honor_functions=false` 0.749× (`xla_cpu_enable_fast_math` 0.688×, but it changes "
+    "the numbers; `xla_cpu_use_thunk_runtime` and `xla_cpu_disable_loop_unrolling` are not options of "
+    "this jaxlib); two of the step loop's 20 kernels removed (the copy of `ε_x` by stacking it after its "
+    "advance, the bias correction's one-number kernel; wrong-gradient stand-ins timed only, "
+    "`benchmarks/work.py` counting 18.3 kernels a step instead of 20.3): 0.756 → 0.743×, so such small "
+    "kernels cost ~0.2 µs each and the step's products and stacking writes set its pace; the step loop's "
+    "stacked outputs as buffers it carries, each zero-filled by its own operation (XLA had filled one "
+    "buffer and copied it into nine per chunk of the demo's step; the copies went): 0.963 → 0.984 and "
+    "1.029 → 1.031× BPTT's batch; the demo with the loss at the last step run as a last chunk of 38–46 "
+    "steps with the pull-back (only its last step's loss) instead of the last step alone, so that those "
+    "steps need no trace advance: 0.971 → 1.019×, compiled in 1.83 s instead of 1.44; D-RTRL's three "
+    "per-state reach products of a chunk as one batched GEMM on the states side by side: 1.010 → 1.022×; "
+    "in toys, a chunk's GEMM overlapped with the next chunk's step loop (software-pipelined in the chunk "
+    "loop: XLA on CPU ran them one after the other, 6.85 → 7.87 ms) and a GRU's two gate products on the "
+    "same `[x, h]` as one (14.57 → 14.81 µs a step: at this size products cost their multiply-adds).",
 ]
 
 
@@ -619,17 +639,22 @@ def work_section() -> list[str]:
         f"`{meta['command']}` on {meta['date']} (jax {meta['jax']}), the wall ratios of the tables above "
         "alongside:", "", *render(saved["rows"]), "",
         "Read against the ES-D-RTRL ≤ 0.6× target (loss at every step): the rule's thin products are its "
-        "forward pass and the pull-back for the learning signal `∂L^t/∂h^{t−1}` (docs/theory.md §5.8), which "
-        "runs through the step's recurrent rows as BPTT's backward step does; only the weight-gradient "
-        "products move from BPTT's thin per-step ones to one batched GEMM per chunk, with the same "
-        "multiply-adds (0.33–0.41× BPTT's total here). That leaves ES-D-RTRL 0.57–0.60× BPTT's thin "
-        "multiply-adds and 0.81× its kernels on all three nets. At H = 128, B = 16 the thin products and the "
-        "kernel launches set the pace, so 0.6× is the rule's floor with its GEMM free: the GRU, whose steps "
-        "are bound by their products, measures at it (0.60–0.64×), the feed-forward LIF net, whose per-step "
-        "products are small next to its kernels, above it (0.72–0.80×; `es_floor.py`'s step loop alone "
-        "0.60×). A form of the rule under 0.6× on that net needs fewer thin products or kernels per step "
-        "than one forward pass and one pull-back: a split of the step loop by the model's structure "
-        "(`es_handwritten.py`: 0.61–0.65× written by hand for this net)."]
+        "forward pass, the pull-back for the learning signal `∂L^t/∂h^{t−1}` (docs/theory.md §5.8), which runs "
+        "through the step's recurrent rows as BPTT's backward step does, and the readout's gradient (10 "
+        "outputs: a thin product however many rows it takes); only the hidden weights' gradient products move "
+        "from BPTT's thin per-step ones to one batched GEMM per chunk, with the same multiply-adds. The "
+        "forward pass and the pull-back alone are 0.53–0.57× BPTT's thin multiply-adds on the three nets, "
+        "0.57–0.60× with the readout's gradient, at 0.81× BPTT's kernels; the batched GEMM adds 0.33–0.41× of "
+        "BPTT's multiply-adds at a better rate. At H = 128, B = 16 the thin products and the kernel launches "
+        "set the pace, so the rule sits at 0.6× at best: the GRU, whose steps are bound by their products, "
+        "measures there (0.60–0.64×); the feed-forward LIF net, whose per-step products are small next to its "
+        "kernels and stacking writes, above it (0.72–0.80×; `es_floor.py`'s step loop alone 0.60×). Under "
+        "0.6× on that net a form of the rule needs fewer thin products or kernels per step than one forward "
+        "pass and one pull-back: a split of the step loop by the model's structure (`es_handwritten.py`: "
+        "0.61–0.65× written by hand for this net). `tests/algorithms/test_work_per_step.py` holds the engine "
+        "to this structure with the same counter: per step only the forward pass and the pull-back (through "
+        "the recurrent rows only) are thin products, the weight gradients one GEMM per chunk, and steps "
+        "without a loss run no pull-back."]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,

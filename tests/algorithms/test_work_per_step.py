@@ -1,0 +1,81 @@
+"""The online programs' arithmetic per time step, counted in their compiled HLO
+(``benchmarks/work.py``) against what each rule's math needs: the engine's
+structure (docs/theory.md §5.9) checked without a clock.
+
+``Linear(I, H) → LIF(H) → Linear(H, O)`` and ``GRUCell(I, H) → Linear(H, O)`` with
+batch ``B``: BPTT's per-step products are the forward pass, the pull-back and one
+weight gradient per dense op over ``B`` rows. The online rules must keep the forward
+pass and the pull-back per step and do their weight-gradient products once per chunk
+over ``C·B`` rows; steps without a loss skip the pull-back.
+"""
+
+import pathlib
+import sys
+
+import brainstate
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import speed  # noqa: E402
+import work  # noqa: E402
+
+I, O = speed.I, speed.O
+B, H, T = 4, 32, 20
+
+
+@pytest.fixture(autouse=True)
+def _dt():
+    with brainstate.environ.context(dt=1.0):
+        yield
+
+
+def _work(name: str, rule: str, loss: str):
+    model = speed.build(name, H, B)
+    xs, ys = speed.data(name, B, T, loss)
+    return work.rule_work(model, rule, xs, ys, loss, batch=B)
+
+
+def test_bptt_does_the_forward_pass_the_pull_back_and_per_step_weight_gradients():
+    """The counter's anchor, on jax.grad over lax.scan: per step the input and readout
+    products, the readout's pull-back (no cotangent of the data) and both weights'
+    gradients over B rows, all thin."""
+    counts = _work("lif", "bptt", "all")
+    assert counts["thin"] == 2 * B * I * H + 3 * B * H * O
+    assert counts["batched"] == 0
+
+
+@pytest.mark.parametrize("rule", ["esd_rtrl", "d_rtrl"])
+def test_online_weight_gradients_are_one_product_per_chunk_not_per_step(rule):
+    """Per step only the forward pass and the readout's pull-back are thin products; the
+    input weight's gradient (and ES-D-RTRL's one-step part) is a GEMM over the chunk's
+    C·B rows. A per-step weight-gradient product would add B·I·H thin multiply-adds a
+    step."""
+    counts = _work("lif", rule, "all")
+    forward_and_pull_back = B * I * H + B * H * O + B * H * O
+    assert forward_and_pull_back <= counts["thin"] < forward_and_pull_back + B * I * H / 4
+    assert counts["batched"] >= B * I * H  # the input weight's gradient, batched over the chunk
+
+
+@pytest.mark.parametrize("rule", ["esd_rtrl", "d_rtrl"])
+def test_steps_without_loss_skip_the_pull_back(rule):
+    """Loss at the last step only: every step runs its input product (the traces
+    advance), one step runs the readout, its pull-back and the gradients. A pull-back
+    at every step would add B·H·O a step (T·B·H·O in all)."""
+    counts = _work("lif", rule, "last")
+    extra = counts["thin"] * T - T * B * I * H  # what the T steps do beyond their input products
+    one_step_with_loss = B * I * H + 4 * B * H * O + B * (I + 1) * H
+    assert 0 < extra <= one_step_with_loss
+    assert counts["batched"] == 0  # no chunk GEMM over rows that are zero but at one step
+
+
+def test_the_gru_pull_back_computes_only_the_recurrent_rows_cotangent():
+    """ES-D-RTRL's learning signal ∂L^t/∂h^{t-1} needs the gates' cotangents through
+    their recurrent rows only (H×H per gate); BPTT's backward step also takes the input
+    rows' (I×H per gate), which the online step must not compute (3·B·I·H a step)."""
+    counts = _work("gru", "esd_rtrl", "all")
+    forward = 3 * B * (I + H) * H + B * H * O
+    pull_back = 3 * B * H * H + B * H * O
+    assert forward + pull_back <= counts["thin"] < forward + pull_back + B * I * H
+    bptt = _work("gru", "bptt", "all")
+    assert bptt["thin"] == 3 * forward  # forward, pull-back with the input rows, weight gradients
