@@ -1,7 +1,7 @@
 """The work each rule's compiled program does per time step, counted in its optimised
 HLO: no clock, no noise.
 
-    python benchmarks/work.py [--models gru rlif lif] [--hidden 128] [--batch 16] [--length 200] [--loss all last]
+    python benchmarks/work.py [--models gru rlif lif] [--hidden 128] [--batch 16] [--length 200] [--loss all last] [--demo]
 
 For each model of ``speed.py`` it compiles the whole-sequence gradient of ``bptt``,
 ``d_rtrl`` and ``esd_rtrl`` as ``speed.py`` does (the Trainer's compiler options) and
@@ -20,7 +20,8 @@ these counts do not; and they say which part of a rule's time is arithmetic the 
 must do. On these small nets the thin products and the kernels run at a per-step pace
 that batching cannot change, so a rule whose thin products count as many multiply-adds
 as BPTT's does not run in a fraction of BPTT's time. The table gives the measured wall
-ratio (``results/speed.json``) alongside when it has the configuration.
+ratio (``results/speed.json``) alongside when it has the configuration. ``--demo`` counts
+the demo's training step too (``demo_step.build``: the Trainer's own step).
 """
 
 from __future__ import annotations
@@ -208,6 +209,36 @@ def render(rows: list[dict]) -> list[str]:
     return lines
 
 
+def demo_rows(algos=("hybrid", "esd_rtrl", "bptt")) -> list[dict]:
+    """Per-step counts of the demo's training step (``etrace-fit train``'s evidence task,
+    batch 32, loss at the last of 230 steps) under each algo, as the Trainer compiles it
+    (``demo_step.build``), with ratios to the last algo's."""
+    import demo_step
+
+    from etrace_fit.cli import TASKS
+
+    task = TASKS["evidence"]
+    counts = {}
+    for algo in algos:
+        (step, state, xs, ys, weight), _ = demo_step.build(task, algo)
+        hlo = step.lower(state, [xs], ys, weight, None, start=True).compile().as_text()
+        counts[algo] = Counter({key: value / xs.shape[0] for key, value in count(hlo, thin=xs.shape[1]).items()})
+    base = counts[algos[-1]]
+    return [{"algo": algo, "thin": c["thin"], "batched": c["batched"], "kernels": c["kernels"],
+             "macs_ratio": (c["thin"] + c["batched"]) / (base["thin"] + base["batched"]),
+             "thin_ratio": c["thin"] / base["thin"], "kernels_ratio": c["kernels"] / base["kernels"]}
+            for algo, c in counts.items()]
+
+
+def render_demo(rows: list[dict]) -> list[str]:
+    """Markdown rows of :func:`demo_rows`."""
+    lines = ["| algo | thin MACs / step | batched MACs / step | MACs / bptt | thin MACs / bptt | kernels / step "
+             "| kernels / bptt |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['algo']} | {r['thin'] / 1e3:.0f} k | {r['batched'] / 1e3:.0f} k | {r['macs_ratio']:.2f} "
+              f"| {r['thin_ratio']:.2f} | {r['kernels']:.1f} | {r['kernels_ratio']:.2f} |" for r in rows]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(speed.MODELS), choices=list(speed.MODELS))
@@ -215,6 +246,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=200)
     parser.add_argument("--loss", nargs="+", default=["all", "last"], choices=["all", "last"])
+    parser.add_argument("--demo", action="store_true", help="also count the demo's training step under "
+                        "hybrid, esd_rtrl and bptt (etrace-fit train's default task)")
     parser.add_argument("--json", type=pathlib.Path, help="also save the counts here (speed.py --write-docs "
                         "renders results/work.json into docs/performance.md)")
     args = parser.parse_args()
@@ -223,10 +256,14 @@ def main() -> None:
     print(f"H = {args.hidden}, B = {args.batch}, T = {args.length}; thin: smallest side <= {args.batch}; "
           f"jax {jax.__version__}, compiler options {_compat.compiler_options()}\n")
     print("\n".join(render(rows)))
+    demo = demo_rows() if args.demo else None
+    if demo:
+        print("\nThe demo's training step (evidence task, batch 32, loss at the last of 230 steps):\n")
+        print("\n".join(render_demo(demo)))
     if args.json:
         command = "python benchmarks/work.py " + " ".join(sys.argv[1:])
         meta = {"date": datetime.date.today().isoformat(), "jax": jax.__version__, "command": command}
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows, "demo": demo}, indent=1))
 
 
 if __name__ == "__main__":

@@ -223,3 +223,19 @@ def test_work_script_counts_every_rule():
     assert [row.split("|")[2:4] for row in rows] == [[" all ", " bptt "], [" all ", " d_rtrl "], [" all ", " esd_rtrl "],
                                                      [" last ", " bptt "], [" last ", " d_rtrl "], [" last ", " esd_rtrl "]]
     assert rows[0].split("|")[6].strip() == "1.00"  # BPTT against itself
+
+
+@pytest.mark.slow
+def test_work_script_counts_the_demos_training_step(tmp_path):
+    out = tmp_path / "work.json"
+    result = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/work.py", "--models", "lif", "--hidden", "8",
+                             "--batch", "2", "--length", "6", "--loss", "all", "--demo", "--json", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+
+    demo = {row["algo"]: row for row in json.loads(out.read_text())["demo"]}
+    assert list(demo) == ["hybrid", "esd_rtrl", "bptt"] and demo["bptt"]["macs_ratio"] == 1.0
+    # the hybrid's D-RTRL trace per sample: batched products BPTT does not have
+    assert demo["hybrid"]["batched"] > 0 == demo["bptt"]["batched"]
+    assert "| hybrid |" in result.stdout
