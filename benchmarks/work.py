@@ -180,6 +180,21 @@ def measured_ratio(name: str, hidden: int, batch: int, length: int, loss: str, r
     return "—"
 
 
+def _ratios(counts: Counter, base: Counter) -> dict:
+    """``counts``' numbers and their ratios to ``base``'s (BPTT's)."""
+    return {"thin": counts["thin"], "batched": counts["batched"], "kernels": counts["kernels"],
+            "macs_ratio": (counts["thin"] + counts["batched"]) / (base["thin"] + base["batched"]),
+            "thin_ratio": counts["thin"] / base["thin"], "kernels_ratio": counts["kernels"] / base["kernels"]}
+
+
+def _cells(row: dict) -> str:
+    return (f"{row['thin'] / 1e3:.0f} k | {row['batched'] / 1e3:.0f} k | {row['macs_ratio']:.2f} "
+            f"| {row['thin_ratio']:.2f} | {row['kernels']:.1f} | {row['kernels_ratio']:.2f}")
+
+
+_COLUMNS = "thin MACs / step | batched MACs / step | MACs / bptt | thin MACs / bptt | kernels / step | kernels / bptt"
+
+
 def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
     """Per model, loss and rule: the per-step counts and their ratios to BPTT's."""
     rows = []
@@ -188,25 +203,16 @@ def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
         for loss in losses:
             xs, ys = speed.data(name, batch, length, loss)
             work = {rule: rule_work(model, rule, xs, ys, loss, batch) for rule in RULES}
-            base = work["bptt"]
-            for rule, w in work.items():
-                rows.append({"model": name, "H": hidden, "B": batch, "T": length, "loss": loss, "rule": rule,
-                             "thin": w["thin"], "batched": w["batched"], "kernels": w["kernels"],
-                             "macs_ratio": (w["thin"] + w["batched"]) / (base["thin"] + base["batched"]),
-                             "thin_ratio": w["thin"] / base["thin"], "kernels_ratio": w["kernels"] / base["kernels"]})
+            rows += [{"model": name, "H": hidden, "B": batch, "T": length, "loss": loss, "rule": rule,
+                      **_ratios(counts, work["bptt"])} for rule, counts in work.items()]
     return rows
 
 
 def render(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`measure`'s counts, with the measured wall ratio."""
-    lines = ["| model | loss | rule | thin MACs / step | batched MACs / step | MACs / bptt | thin MACs / bptt "
-             "| kernels / step | kernels / bptt | measured wall / bptt |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        measured = measured_ratio(r["model"], r["H"], r["B"], r["T"], r["loss"], r["rule"])
-        lines.append(f"| {r['model']} | {r['loss']} | {r['rule']} | {r['thin'] / 1e3:.0f} k | {r['batched'] / 1e3:.0f} k "
-                     f"| {r['macs_ratio']:.2f} | {r['thin_ratio']:.2f} | {r['kernels']:.1f} | {r['kernels_ratio']:.2f} "
-                     f"| {measured} |")
-    return lines
+    lines = [f"| model | loss | rule | {_COLUMNS} | measured wall / bptt |", "|---" * 10 + "|"]
+    return lines + [f"| {r['model']} | {r['loss']} | {r['rule']} | {_cells(r)} "
+                    f"| {measured_ratio(r['model'], r['H'], r['B'], r['T'], r['loss'], r['rule'])} |" for r in rows]
 
 
 def demo_rows(algos=("hybrid", "esd_rtrl", "bptt")) -> list[dict]:
@@ -223,20 +229,12 @@ def demo_rows(algos=("hybrid", "esd_rtrl", "bptt")) -> list[dict]:
         (step, state, xs, ys, weight), _ = demo_step.build(task, algo)
         hlo = step.lower(state, [xs], ys, weight, None, start=True).compile().as_text()
         counts[algo] = Counter({key: value / xs.shape[0] for key, value in count(hlo, thin=xs.shape[1]).items()})
-    base = counts[algos[-1]]
-    return [{"algo": algo, "thin": c["thin"], "batched": c["batched"], "kernels": c["kernels"],
-             "macs_ratio": (c["thin"] + c["batched"]) / (base["thin"] + base["batched"]),
-             "thin_ratio": c["thin"] / base["thin"], "kernels_ratio": c["kernels"] / base["kernels"]}
-            for algo, c in counts.items()]
+    return [{"algo": algo, **_ratios(c, counts[algos[-1]])} for algo, c in counts.items()]
 
 
 def render_demo(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`demo_rows`."""
-    lines = ["| algo | thin MACs / step | batched MACs / step | MACs / bptt | thin MACs / bptt | kernels / step "
-             "| kernels / bptt |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['algo']} | {r['thin'] / 1e3:.0f} k | {r['batched'] / 1e3:.0f} k | {r['macs_ratio']:.2f} "
-              f"| {r['thin_ratio']:.2f} | {r['kernels']:.1f} | {r['kernels_ratio']:.2f} |" for r in rows]
-    return lines
+    return [f"| algo | {_COLUMNS} |", "|---" * 7 + "|"] + [f"| {r['algo']} | {_cells(r)} |" for r in rows]
 
 
 def main() -> None:
