@@ -173,11 +173,9 @@ def measured_ratio(name: str, hidden: int, batch: int, length: int, loss: str, r
     """The wall ratio to BPTT ``speed.py`` saved for this configuration, else ``—``."""
     if not RESULTS.exists():
         return "—"
-    for row in json.loads(RESULTS.read_text()).get("results", []):
-        if (row.get("model"), row.get("H"), row.get("B"), row.get("T"), row.get("loss")) == (
-                name, hidden, batch, length, loss) and rule in row.get("rules", {}):
-            return f"{row['rules'][rule]['wall_ratio']:.2f}"
-    return "—"
+    entry = speed.find(json.loads(RESULTS.read_text()).get("results", []), model=name, H=hidden, B=batch, T=length,
+                       loss=loss)
+    return f"{entry['rules'][rule]['wall_ratio']:.2f}" if entry and rule in entry["rules"] else "—"
 
 
 def _ratios(counts: Counter, base: Counter) -> dict:

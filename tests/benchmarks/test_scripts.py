@@ -214,6 +214,23 @@ def test_work_counts_a_programs_products_and_kernels_per_loop_trip():
     assert (longer["kernels"] - counts["kernels"]) % 7 == 0 and longer["kernels"] > counts["kernels"]
 
 
+def test_work_refuses_a_loop_whose_trip_count_it_cannot_know():
+    """A while loop whose length depends on data has no trip count to multiply by: an
+    error naming the loop, not a count that is silently one trip."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    import work
+
+    def program(x, n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] @ c[1]), (0, x))[1]
+
+    hlo = jax.jit(program).lower(jnp.ones((8, 8)), 3).compile().as_text()
+    with pytest.raises(ValueError, match="while loop %.* has no known trip count"):
+        work.count(hlo, thin=4)
+
+
 @pytest.mark.slow
 def test_work_script_counts_every_rule():
     result = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/work.py", "--models", "lif", "--hidden", "8",
