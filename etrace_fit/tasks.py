@@ -27,13 +27,14 @@ import optax
 
 from . import _compat, distributed, layers
 from .algorithms.registry import ALGOS
-from .callbacks import CSVLogger, ModelCheckpoint, TensorBoard
+from .callbacks import Callback, CSVLogger, ModelCheckpoint, TensorBoard
 from .datasets import copy_task, evidence_accumulation, load_mnist1d, rate_discrimination
 from .errors import ConfigError
 from .layers import Sequential
 from .training import NeuronRateRegularizer, Trainer
 
-__all__ = ["TASKS", "Task", "add_arguments", "check_arguments", "describe", "iterations_to_target", "run", "script"]
+__all__ = ["TASKS", "Task", "add_arguments", "check_arguments", "describe", "iterations_to_target", "run", "script",
+           "seconds_to_target"]
 
 #: ``make_data(split, num_samples, seed, data_dir) -> (x, y) or (x, y, mask)``.
 DataFn = Callable[[str, int, int, "str | None"], tuple]
@@ -461,8 +462,11 @@ def _fit_arguments(data: tuple) -> tuple[Any, Any, Any]:
 
 def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     """Train ``task`` as ``args`` say (:func:`add_arguments`); returns a summary:
-    ``accuracy`` (final validation), ``best_accuracy``, ``seconds``, ``run`` (the run
-    folder or None), ``history`` and the ``trainer``."""
+    ``accuracy`` (final validation), ``best_accuracy``, ``seconds`` (wall time of
+    ``fit``), ``epoch_seconds`` (wall time from the start of ``fit`` to the end of each
+    epoch, its validation included), ``run`` (the run folder or None), ``history``, the
+    ``trainer``, ``batches_per_epoch`` and, for a task with a ``target_accuracy``,
+    ``iterations_to_target`` and ``seconds_to_target`` (None if not reached)."""
     task = TASKS[task] if isinstance(task, str) else task
     epochs = task.epochs if args.epochs is None else args.epochs
     batch_size = task.batch_size if args.batch_size is None else args.batch_size
@@ -499,26 +503,29 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
         print(f"etrace-fit: task {task.name}, algo {args.algo}, {samples} training / {len(x_val)} validation "
               f"sequences of {x.shape[1]} steps, {epochs} epochs{devices}", flush=True)
     validation = (x_val, y_val) if mask_val is None else (x_val, y_val, mask_val)
-    start = time.perf_counter()
+    clock = _EpochClock()
     history = trainer.fit(x, y, batch_size=batch_size, epochs=epochs, validation_data=validation,
-                          callbacks=callbacks, verbose=args.verbose, mask=mask)
-    seconds = time.perf_counter() - start
+                          callbacks=[*callbacks, clock], verbose=args.verbose, mask=mask)
+    seconds = time.perf_counter() - clock.start
     accuracy = history.history["val_accuracy"][-1]
     batches = math.ceil(samples / batch_size)
-    reached = None if task.target_accuracy is None else iterations_to_target(
-        history.history["val_accuracy"], task.target_accuracy, batches)
+    reached = seconds_reached = None
+    if task.target_accuracy is not None:
+        reached = iterations_to_target(history.history["val_accuracy"], task.target_accuracy, batches)
+        seconds_reached = seconds_to_target(history.history["val_accuracy"], task.target_accuracy, clock.seconds)
     summary = {"accuracy": accuracy, "best_accuracy": max(history.history["val_accuracy"]), "seconds": seconds,
-               "run": folder if main else None, "history": history.history, "trainer": trainer,
-               "iterations_to_target": reached, "batches_per_epoch": batches}
+               "epoch_seconds": clock.seconds, "run": folder if main else None, "history": history.history,
+               "trainer": trainer, "iterations_to_target": reached, "seconds_to_target": seconds_reached,
+               "batches_per_epoch": batches}
     if not main:
         return summary
     rules = ", ".join(f"{path} {rule}" for path, rule in trainer.rules.items())
     print(f"validation accuracy {accuracy:.3f} (best {max(history.history['val_accuracy']):.3f}) after "
           f"{len(history.epoch)} epochs in {seconds:.0f} s (algo {args.algo}{': ' + rules if rules else ''})")
     if task.target_accuracy is not None:
-        print(f"validation accuracy >= {task.target_accuracy} " + (
-            f"after {reached} iterations" if reached is not None else f"not reached in {len(history.epoch) * batches} "
-            "iterations") + f" (validated every {batches})")
+        when = (f"after {reached} iterations ({seconds_reached:.0f} s)" if reached is not None
+                else f"not reached in {len(history.epoch) * batches} iterations")
+        print(f"validation accuracy >= {task.target_accuracy} {when} (validated every {batches})")
     if task.reference:
         print(f"published: {task.reference}")
     if folder is not None:
@@ -527,13 +534,35 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+class _EpochClock(Callback):
+    """Wall time from its making (just before ``fit``) to the end of each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.perf_counter()
+        self.seconds: list[float] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self.start)
+
+
+def _first_epoch_reaching(val_accuracy: list[float], target: float) -> int | None:
+    return next((epoch for epoch, value in enumerate(val_accuracy) if value >= target), None)
+
+
 def iterations_to_target(val_accuracy: list[float], target: float, batches_per_epoch: int) -> int | None:
     """Training iterations (batches) until the first validation at or above ``target``
     (validation runs after every epoch of ``batches_per_epoch``), or None if none was."""
-    for epoch, value in enumerate(val_accuracy):
-        if value >= target:
-            return (epoch + 1) * batches_per_epoch
-    return None
+    epoch = _first_epoch_reaching(val_accuracy, target)
+    return None if epoch is None else (epoch + 1) * batches_per_epoch
+
+
+def seconds_to_target(val_accuracy: list[float], target: float, epoch_seconds: list[float]) -> float | None:
+    """Wall time until the first validation at or above ``target``: ``epoch_seconds`` of
+    that epoch (seconds from the start of training to each epoch's end, as :func:`run`
+    reports them), or None if no validation reached it."""
+    epoch = _first_epoch_reaching(val_accuracy, target)
+    return None if epoch is None else epoch_seconds[epoch]
 
 
 def describe() -> str:

@@ -32,8 +32,9 @@ def test_benchmark_script_runs(args):
 def test_speed_script_writes_docs_and_merges_a_remeasured_configuration(tmp_path):
     """The script writes the Markdown (targets and every rule's row) and its JSON;
     ``--merge``: the configurations measured now replace theirs in the saved JSON, the
-    others stay, and the Markdown names the re-measurement; without a saved file it
-    refuses before measuring anything."""
+    others stay, and the Markdown names the re-measurement; the JSON is written before
+    the page, so a page that fails to render loses no measurement; without a saved file
+    it refuses before measuring anything."""
     import json
 
     saved, first_out, out = tmp_path / "speed.json", tmp_path / "first.md", tmp_path / "performance.md"
@@ -59,9 +60,11 @@ def test_speed_script_writes_docs_and_merges_a_remeasured_configuration(tmp_path
     assert data["meta"]["repeats"] == 1 and data["meta"]["updates"][0]["configurations"] == [["gru", 128, 16, 200, "last"]]
     text = out.read_text()
     assert "measured again on" in text and "--merge" in text
-    once_more = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "last", "--merge"],
+    (tmp_path / "page.md").mkdir()  # the page cannot be written: the measurements are saved before it
+    once_more = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "1", "--loss", "last", "--merge",
+                                "--write-docs", "--out", str(tmp_path / "page.md")],
                                cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert once_more.returncode == 0, once_more.stderr[-2000:]
+    assert once_more.returncode != 0 and "IsADirectoryError" in once_more.stderr
     updates = json.loads(saved.read_text())["meta"]["updates"]
     assert len(updates) == 1 and "--repeats 1" in updates[0]["command"]  # the earlier update is superseded
     assert "| 128 | 16 | 200 | all | esd_rtrl |" in text and "| 128 | 16 | 200 | last | esd_rtrl |" in text
@@ -77,11 +80,31 @@ def test_demo_script_compares_the_algos(tmp_path):
     result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "| hybrid | 1 |" in result.stdout and "| bptt | 1 |" in result.stdout
+    assert "| hybrid | 1 |" in result.stdout and "| bptt | 1 |" in result.stdout and "s to 0.93" in result.stdout
     import json
 
     saved = json.loads(out.read_text())
     assert set(saved["results"]) == {"hybrid", "bptt"} and 0.0 <= saved["results"]["hybrid"][0]["accuracy"] <= 1.0
+    run = saved["results"]["hybrid"][0]
+    assert len(run["val_accuracy"]) == len(run["epoch_seconds"]) == 1 and run["epoch_seconds"][0] <= run["seconds"]
+
+
+def test_the_demo_table_gives_the_time_to_the_target_accuracy():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from demo import table
+
+    def run(accuracy, ends):
+        return {"accuracy": accuracy[-1], "seconds": ends[-1] + 0.5, "val_accuracy": accuracy, "epoch_seconds": ends}
+
+    results = {"hybrid": [run([0.95, 0.97], [3.0, 4.0]), run([0.9, 0.96], [3.2, 4.2]), run([0.5, 0.6], [3.1, 4.1])],
+               "bptt": [run([0.8, 0.95], [2.0, 3.0]), run([0.94, 0.97], [2.5, 3.5]), run([0.91, 0.93], [2.2, 3.2])]}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table(results, target=0.93)[2:]}
+    # hybrid reached 0.93 after 3.0 and 4.2 s and never in one seed: median 4.2; bptt after 3.0, 2.5, 3.2: 3.0
+    assert rows["hybrid"][5:7] == ["4.2", "1.40"] and rows["bptt"][5:7] == ["3.0", "1.00"]
+    results["hybrid"][1] = run([0.5, 0.6], [3.2, 4.2])  # two of three never reach it: the median does not
+    assert table(results, target=0.93)[2].split(" | ")[5:7] == ["not reached", "—"]
+    del results["hybrid"][0]["epoch_seconds"]  # saved before the epochs' times were kept
+    assert table(results, target=0.93)[2].split(" | ")[5:7] == ["not recorded", "—"]
 
 
 @pytest.mark.slow

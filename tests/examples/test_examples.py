@@ -97,7 +97,10 @@ def test_the_eprop_preset_runs_into_its_own_folder(tmp_path, capsys):
     assert summary["batches_per_epoch"] == 1
     reached = summary["iterations_to_target"]
     assert reached == (1 if summary["accuracy"] >= 0.9 else None)
-    assert "validation accuracy >= 0.9 " in capsys.readouterr().out
+    assert summary["seconds_to_target"] == (summary["epoch_seconds"][0] if reached else None)
+    out = capsys.readouterr().out
+    assert "validation accuracy >= 0.9 " in out
+    assert (f"after 1 iterations ({summary['epoch_seconds'][0]:.0f} s)" in out) == bool(reached)
 
 
 def test_the_eprop_preset_is_the_published_network_and_task():
@@ -127,6 +130,21 @@ def test_iterations_to_target_counts_batches_up_to_the_first_validation_that_rea
     from etrace_fit.tasks import iterations_to_target
 
     assert iterations_to_target(curve, 0.9, 50) == expected
+
+
+@pytest.mark.parametrize("curve, expected", [([0.5, 0.89, 0.9, 0.95], 7.5), ([0.95], 2.0), ([0.5, 0.8], None)])
+def test_seconds_to_target_is_the_end_of_the_first_epoch_that_reaches_it(curve, expected):
+    from etrace_fit.tasks import seconds_to_target
+
+    assert seconds_to_target(curve, 0.9, [2.0, 4.5, 7.5, 9.0][:len(curve)]) == expected
+
+
+def test_a_run_reports_when_each_epoch_ended():
+    summary = _main("copy_task")(["--epochs", "2", "--samples", "32", "--val-samples", "16", "--batch-size", "16",
+                                  "--logdir", "none", "--verbose", "0"])
+    ends = summary["epoch_seconds"]
+    assert len(ends) == 2 and 0.0 < ends[0] < ends[1] <= summary["seconds"]
+    assert summary["iterations_to_target"] is None is summary["seconds_to_target"]  # the task sets no target
 
 
 # ---------------------------------------------------------------- tiny files in the published formats
