@@ -661,8 +661,9 @@ def work_section() -> list[str]:
         "`benchmarks/work.py` counts what each rule's compiled program does per time step in XLA's optimised "
         "HLO (compiled as above; a loop's body once per trip): the multiply-adds of *thin* products, whose "
         "smallest side is at most the batch size (a step loop's `(B, K)(K, O)`, BPTT's per-step `Xᵀ δ` over B "
-        "rows), those of *batched* products (a chunk's GEMM over `C·B` rows), and the kernels launched. Unlike "
-        "the times above these do not move from run to run. "
+        "rows; the latter, products whose inner dimension is the batch, also counted apart), those of *batched* "
+        "products (a chunk's GEMM over `C·B` rows), and the kernels launched. Unlike the times above these do "
+        "not move from run to run. "
         f"`{meta['command']}` on {meta['date']} (jax {meta['jax']}), the wall ratios of the tables above "
         "alongside:", "", *render(saved["rows"]), "",
         "Read against the ES-D-RTRL ≤ 0.6× target (loss at every step): the rule's thin products are its "
@@ -681,7 +682,16 @@ def work_section() -> list[str]:
         "0.61–0.65× written by hand for this net). `tests/algorithms/test_work_per_step.py` holds the engine "
         "to this structure with the same counter: per step only the forward pass and the pull-back (through "
         "the recurrent rows only) are thin products, the weight gradients one GEMM per chunk, and steps "
-        "without a loss run no pull-back.", *demo]
+        "without a loss run no pull-back. The column of `Xᵀ δ` over B rows is what the online rules batch: "
+        "BPTT's per-step weight gradients, 47 % of its thin multiply-adds on the LIF net (152 k of 324 k a "
+        "step) and 33 % on the GRU; the online programs have none but ES-D-RTRL's last row of each chunk "
+        "(docs/theory.md §5.9). Tried and dropped (2026-11-26, a fifth session): turning these counts into "
+        "time with rates measured on this machine for the three kinds of product at each net's main shape "
+        "(one product in a loop of 200 steps, medians: the step's `(16, K)(K, O)` 37–57 GMAC/s, the per-step "
+        "`Xᵀ δ` over 16 rows 21–29, a chunk's `(1600, K)ᵀ (1600, O)` 16–61 and lowest at the LIF net's "
+        "`(64, 128)`, 39–47 for that product alone in a program of its own): the model put ES-D-RTRL on the "
+        "LIF net at 1.04× BPTT against the measured 0.79×. A product's rate depends on its shape and on what "
+        "runs beside it, so these stay counts.", *demo]
 
 
 def markdown(results, args, command: str, peak_rss: int, figure: str, date: str | None = None,

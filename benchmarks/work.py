@@ -10,8 +10,9 @@ count), a conditional by its costlier branch. Per time step it counts
 
 - the multiply-adds of every matrix product, split into *thin* products, whose smallest
   side (rows, columns or inner dimension) is at most the batch size — a step loop's
-  ``(B, K)(K, O)``, BPTT's per-step ``Xᵀ δ`` over ``B`` rows — and *batched* ones (a
-  chunk's ``(C·B, K)ᵀ (C·B, O)``);
+  ``(B, K)(K, O)`` (``rows``), BPTT's per-step ``Xᵀ δ``, which contracts the ``B`` rows
+  (``inner``: a product whose inner dimension is the batch size) — and
+  *batched* ones (a chunk's ``(C·B, K)ᵀ (C·B, O)``);
 - the kernels launched: every operation of a loop body or of the entry that is not
   bookkeeping (a fusion, a product, a copy count one each).
 
@@ -129,7 +130,12 @@ def count(hlo: str, thin: int) -> Counter:
         rows = math.prod(n for d, n in enumerate(lhs) if d not in lhs_inner and d not in lhs_batch)
         columns = math.prod(n for d, n in enumerate(rhs) if d not in rhs_inner and d not in rhs_batch)
         batch = math.prod(lhs[d] for d in lhs_batch)
-        return Counter({"thin" if min(rows, columns, inner) <= thin else "batched": batch * rows * columns * inner})
+        macs = batch * rows * columns * inner
+        if inner == thin:  # contracts the batch's rows: a weight gradient Xᵀ δ over one step
+            return Counter({"thin": macs, "inner": macs})
+        if min(rows, columns) <= thin:  # a step's product: (B, K)(K, O)
+            return Counter({"thin": macs, "rows": macs})
+        return Counter({"batched": macs})
 
     def run(computation: str) -> Counter:  # a computation XLA runs instruction by instruction
         total = Counter()
@@ -180,17 +186,20 @@ def measured_ratio(name: str, hidden: int, batch: int, length: int, loss: str, r
 
 def _ratios(counts: Counter, base: Counter) -> dict:
     """``counts``' numbers and their ratios to ``base``'s (BPTT's)."""
-    return {"thin": counts["thin"], "batched": counts["batched"], "kernels": counts["kernels"],
+    return {"thin": counts["thin"], "rows": counts["rows"], "inner": counts["inner"], "batched": counts["batched"],
+            "kernels": counts["kernels"],
             "macs_ratio": (counts["thin"] + counts["batched"]) / (base["thin"] + base["batched"]),
             "thin_ratio": counts["thin"] / base["thin"], "kernels_ratio": counts["kernels"] / base["kernels"]}
 
 
 def _cells(row: dict) -> str:
-    return (f"{row['thin'] / 1e3:.0f} k | {row['batched'] / 1e3:.0f} k | {row['macs_ratio']:.2f} "
+    return (f"{row['thin'] / 1e3:.0f} k | {row.get('inner', 0) / 1e3:.0f} k | {row['batched'] / 1e3:.0f} k "
+            f"| {row['macs_ratio']:.2f} "
             f"| {row['thin_ratio']:.2f} | {row['kernels']:.1f} | {row['kernels_ratio']:.2f}")
 
 
-_COLUMNS = "thin MACs / step | batched MACs / step | MACs / bptt | thin MACs / bptt | kernels / step | kernels / bptt"
+_COLUMNS = ("thin MACs / step | of them Xᵀ δ over B rows | batched MACs / step | MACs / bptt | thin MACs / bptt "
+            "| kernels / step | kernels / bptt")
 
 
 def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
@@ -208,7 +217,7 @@ def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
 
 def render(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`measure`'s counts, with the measured wall ratio."""
-    lines = [f"| model | loss | rule | {_COLUMNS} | measured wall / bptt |", "|---" * 10 + "|"]
+    lines = [f"| model | loss | rule | {_COLUMNS} | measured wall / bptt |", "|---" * 11 + "|"]
     return lines + [f"| {r['model']} | {r['loss']} | {r['rule']} | {_cells(r)} "
                     f"| {measured_ratio(r['model'], r['H'], r['B'], r['T'], r['loss'], r['rule'])} |" for r in rows]
 
@@ -232,7 +241,7 @@ def demo_rows(algos=("hybrid", "esd_rtrl", "bptt")) -> list[dict]:
 
 def render_demo(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`demo_rows`."""
-    return [f"| algo | {_COLUMNS} |", "|---" * 7 + "|"] + [f"| {r['algo']} | {_cells(r)} |" for r in rows]
+    return [f"| algo | {_COLUMNS} |", "|---" * 8 + "|"] + [f"| {r['algo']} | {_cells(r)} |" for r in rows]
 
 
 def main() -> None:

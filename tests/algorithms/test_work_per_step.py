@@ -42,6 +42,8 @@ def test_bptt_does_the_forward_pass_the_pull_back_and_per_step_weight_gradients(
     gradients over B rows, all thin."""
     counts = _work("lif", "bptt", "all")
     assert counts["thin"] == 2 * B * I * H + 3 * B * H * O
+    assert counts["inner"] == B * I * H + B * H * O  # the weight gradients, Xᵀ δ over B rows
+    assert counts["rows"] == B * I * H + 2 * B * H * O  # input and readout products, the readout's pull-back
     assert counts["batched"] == 0
 
 
@@ -54,6 +56,9 @@ def test_online_weight_gradients_are_one_product_per_chunk_not_per_step(rule):
     counts = _work("lif", rule, "all")
     forward_and_pull_back = B * I * H + B * H * O + B * H * O
     assert forward_and_pull_back <= counts["thin"] < forward_and_pull_back + B * I * H / 4
+    # no weight gradient over a step's B rows: only ES-D-RTRL's last row, once per chunk (here one
+    # chunk of T steps), e_Cᵀ δy_{C-1} over the input and the bias column (docs/theory.md §5.9)
+    assert counts["inner"] == (B * (I + 1) * H / T if rule == "esd_rtrl" else 0)
     assert counts["batched"] >= B * I * H  # the input weight's gradient, batched over the chunk
 
 

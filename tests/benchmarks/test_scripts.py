@@ -229,6 +229,8 @@ def test_work_counts_a_programs_products_and_kernels_per_loop_trip():
     counts = work.count(hlo, thin=16)
     # thin: 7 steps x 16*64*128, and the branch's (128, 16)(16, 128) and (16, 128)(128, 128)
     assert counts["thin"] == 7 * 16 * 64 * 128 + 128 * 16 * 128 + 16 * 128 * 128
+    assert counts["inner"] == 128 * 16 * 128  # hᵀ h: 16 inner
+    assert counts["rows"] == 7 * 16 * 64 * 128 + 16 * 128 * 128  # 16 rows
     assert counts["batched"] == 65 * 1600 * 128
     assert counts["kernels"] >= 7 * 2  # each step launches at least its product and the tanh
     # per trip: the loop's kernels scale with its length, the rest do not
@@ -262,7 +264,8 @@ def test_work_script_counts_every_rule():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| lif |")]
     assert [row.split("|")[2:4] for row in rows] == [[" all ", " bptt "], [" all ", " d_rtrl "], [" all ", " esd_rtrl "],
                                                      [" last ", " bptt "], [" last ", " d_rtrl "], [" last ", " esd_rtrl "]]
-    assert rows[0].split("|")[6].strip() == "1.00"  # BPTT against itself
+    assert rows[0].split("|")[7].strip() == "1.00"  # BPTT against itself
+    assert "| of them Xᵀ δ over B rows |" in result.stdout
 
 
 @pytest.mark.slow
