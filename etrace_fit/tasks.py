@@ -561,6 +561,9 @@ def seconds_to_target(val_accuracy: list[float], target: float, epoch_seconds: l
     """Wall time until the first validation at or above ``target``: ``epoch_seconds`` of
     that epoch (seconds from the start of training to each epoch's end, as :func:`run`
     reports them), or None if no validation reached it."""
+    if len(epoch_seconds) != len(val_accuracy):
+        raise ValueError(f"seconds_to_target: epoch_seconds has {len(epoch_seconds)} entries, expected one per "
+                         f"validation ({len(val_accuracy)})")
     epoch = _first_epoch_reaching(val_accuracy, target)
     return None if epoch is None else epoch_seconds[epoch]
 
