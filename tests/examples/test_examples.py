@@ -137,7 +137,8 @@ def test_seconds_to_target_is_the_end_of_the_first_epoch_that_reaches_it(curve, 
     from etrace_fit.tasks import seconds_to_target
 
     assert seconds_to_target(curve, 0.9, [2.0, 4.5, 7.5, 9.0][:len(curve)]) == expected
-    with pytest.raises(ValueError, match=r"epoch_seconds has 5 entries, expected one per validation \(%d\)" % len(curve)):
+    expected_error = r"epoch_seconds has 5 entries, expected one per validation \(%d\)" % len(curve)
+    with pytest.raises(ValueError, match=expected_error):
         seconds_to_target(curve, 0.9, [2.0, 4.5, 7.5, 9.0, 9.5])
 
 
