@@ -300,15 +300,16 @@ def plot(results, path: pathlib.Path) -> str:
 SUMMARY = [
     "## In short (2026-11-26)",
     "",
-    "- **D-RTRL** costs about what BPTT does at H = 128 (0.85× on the GRU and the RLIF net, 1.11× on the "
-    "feed-forward LIF net; 0.47–0.65× with the loss at the last step), and its memory does not grow with T; "
-    "at H = 512 it takes 0.74–1.54×.",
-    "- **ES-D-RTRL** takes 0.64–0.79× BPTT's time at T = 200 and 0.49–0.51× at T = 2000 (0.25–0.32× with the "
-    "loss at the last step), and misses the 0.6× target at T = 200. Per step it runs the forward pass and "
+    "- **D-RTRL** costs about what BPTT does at H = 128 (0.80× on the GRU, 0.84× on the RLIF net, 1.12× on "
+    "the feed-forward LIF net; 0.47–0.65× with the loss at the last step), and its memory does not grow with "
+    "T; at H = 512 it takes 0.74–1.54×.",
+    "- **ES-D-RTRL** takes 0.60–0.74× BPTT's time at T = 200 and 0.46–0.51× at T = 2000 (0.25–0.32× with the "
+    "loss at the last step): it meets the 0.6× target at T = 200 on the GRU only at the edge (0.601) and "
+    "misses it on the RLIF net (0.64) and the feed-forward LIF net (0.74). Per step it runs the forward pass and "
     "the pull-back for its learning signal (docs/theory.md §5.8), the reverse step BPTT's backward pass "
     "runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight gradient, "
     "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become batched GEMMs. The GRU, whose "
-    "steps are bound by their products, sits on that floor (0.60–0.64×). On the feed-forward LIF net the "
+    "steps are bound by their products, sits on that floor (0.60×). On the feed-forward LIF net the "
     "per-step kernels set the pace (the step loop alone takes 0.60×, `es_floor.py`).",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
     "accuracy (0.986 against 0.984) in the same wall time within noise: 0.96–1.07× over ten runs of three "
@@ -410,6 +411,21 @@ READING = [
     "cores: on 2, the LSTM's four gates 1.40 → 1.28× BPTT (0.97 → 0.86× with the loss at the last step), "
     "while the GRU's two weights joined measured 0.45 → 0.52× at the last step and stay apart; the rows "
     "above were measured after this.",
+    "- 2026-11-26, a sixth session: with the loss at every step the step loop's stacked outputs (ES-D-RTRL's "
+    "rows, D-RTRL's signals, the deferred ops' rows) go into buffers the chunks hand on to one another "
+    "(`online._scan_into`), zero-filled once per call. A scan's own stacked outputs XLA had zero-filled and "
+    "copied anew for each chunk, inside the loop over chunks: on the GRU four fills and three copies of "
+    "0.8–1.2 MB per chunk of 100 steps, ~1.4 ms of ES-D-RTRL's 16 ms by the profiler. `benchmarks/work.py` "
+    "counts these bytes (`filled and copied / step` above); `test_work_per_step.py` holds a sequence of four "
+    "chunks to fewer of them per step than one chunk. Alternated in one process with the code before (H = 128, "
+    "B = 16, T = 200, two runs): ES-D-RTRL on the GRU 0.608–0.613 → 0.583–0.588× BPTT, on the LIF net "
+    "0.731–0.762 → 0.692–0.721×, on the RLIF net 0.642–0.671 → 0.627–0.642×; at B = 64 and T = 2000 "
+    "0.5–6 % faster too; D-RTRL on the GRU 0.80–0.84 → 0.77–0.78×, on the LIF net within noise, with "
+    "0.9–1.7 MiB more temp memory (the buffers stay live between chunks); identical gradients. The rows at "
+    "H = 128 with the loss at every step were measured after it: ES-D-RTRL 0.601× on the GRU (0.64 before), "
+    "0.639× on the RLIF net (0.65), 0.743× on the LIF net (0.79). Steps without a loss keep the scan's own "
+    "outputs: carried there, D-RTRL on the GRU with the loss at the last step measured 0.46 → 0.505× (the "
+    "demo's path, where carrying had lost before as well; the tried-and-reverted bullets below).",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
     "`benchmarks/es_floor.py` compiles ES-D-RTRL's program twice more, once without the rule's per-chunk "
     "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
@@ -683,8 +699,9 @@ def work_section() -> list[str]:
         "HLO (compiled as above; a loop's body once per trip): the multiply-adds of *thin* products, whose "
         "smallest side is at most the batch size (a step loop's `(B, K)(K, O)`, BPTT's per-step `Xᵀ δ` over B "
         "rows; the latter, products whose inner dimension is the batch, also counted apart), those of *batched* "
-        "products (a chunk's GEMM over `C·B` rows), and the kernels launched. Unlike the times above these do "
-        "not move from run to run. "
+        "products (a chunk's GEMM over `C·B` rows), the kernels launched, and the bytes written by fills and "
+        "copies (a fusion that only broadcasts a number, XLA's zero-filled start of a scan's stacked outputs, "
+        "and a copy). Unlike the times above these do not move from run to run. "
         f"`{meta['command']}` on {meta['date']} (jax {meta['jax']}), the wall ratios of the tables above "
         "alongside:", "", *render(saved["rows"]), "",
         "Read against the ES-D-RTRL ≤ 0.6× target (loss at every step): the rule's thin products are its "

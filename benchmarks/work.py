@@ -14,7 +14,11 @@ count), a conditional by its costlier branch. Per time step it counts
   (``inner``: a product whose inner dimension is the batch size) — and
   *batched* ones (a chunk's ``(C·B, K)ᵀ (C·B, O)``);
 - the kernels launched: every operation of a loop body or of the entry that is not
-  bookkeeping (a fusion, a product, a copy count one each).
+  bookkeeping (a fusion, a product, a copy count one each);
+- the bytes written by fills and copies (``filled``): a fusion that only broadcasts a
+  number (XLA's zero-filled start of a scan's stacked outputs) and a copy, by the size
+  of what they write. A loop over chunks that filled its step loop's buffers anew for
+  each chunk counts them once per chunk.
 
 Why: a ratio of wall times on a shared 2-core machine moves by 5-20 % from run to run,
 these counts do not; and they say which part of a rule's time is arithmetic the rule
@@ -105,12 +109,27 @@ def parse(hlo: str) -> tuple[dict[str, list], str]:
     return computations, entry
 
 
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8,
+             "s64": 8, "u64": 8}
+
+
+def _bytes(type_: str) -> int:
+    """The size of an array type ``f32[100,16]{1,0}`` (0 for a tuple)."""
+    dtype = type_.split("[", 1)[0]
+    return _ITEMSIZE.get(dtype, 0) * math.prod(_dims(type_)) if "[" in type_ and not type_.startswith("(") else 0
+
+
 def count(hlo: str, thin: int) -> Counter:
     """Over a whole run of the module ``hlo``: multiply-adds of thin (``"thin"``) and
-    batched (``"batched"``) products and kernels launched (``"kernels"``); see the
-    module docstring. A loop without a known trip count is an error."""
+    batched (``"batched"``) products, kernels launched (``"kernels"``) and bytes written
+    by fills and copies (``"filled"``); see the module docstring. A loop without a known
+    trip count is an error."""
     computations, entry = parse(hlo)
     shapes = {name: type_ for instructions in computations.values() for name, type_, _, _ in instructions}
+
+    def is_fill(computation: str) -> bool:  # a fusion that only broadcasts a number
+        opcodes = [opcode for _, _, opcode, _ in computations[computation]]
+        return opcodes[-1] == "broadcast" and set(opcodes) <= {"parameter", "constant", "broadcast"}
 
     def products(computation: str) -> Counter:  # the products inside a fusion
         total = Counter()
@@ -156,8 +175,12 @@ def count(hlo: str, thin: int) -> Counter:
                 total += run(re.search(r"to_apply=%([^\s,]+)", rest).group(1))
             elif opcode not in _BOOKKEEPING:
                 total["kernels"] += 1
+                if opcode == "copy":
+                    total["filled"] += _bytes(type_)
                 if opcode == "fusion":
-                    total += products(re.search(r"calls=%([^\s,]+)", rest).group(1))
+                    called = re.search(r"calls=%([^\s,]+)", rest).group(1)
+                    total += products(called)
+                    total["filled"] += _bytes(type_) if is_fill(called) else 0
                 elif opcode == "dot":
                     total += _product(type_, rest)
         return total
@@ -187,19 +210,20 @@ def measured_ratio(name: str, hidden: int, batch: int, length: int, loss: str, r
 def _ratios(counts: Counter, base: Counter) -> dict:
     """``counts``' numbers and their ratios to ``base``'s (BPTT's)."""
     return {"thin": counts["thin"], "rows": counts["rows"], "inner": counts["inner"], "batched": counts["batched"],
-            "kernels": counts["kernels"],
+            "kernels": counts["kernels"], "filled": counts["filled"],
             "macs_ratio": (counts["thin"] + counts["batched"]) / (base["thin"] + base["batched"]),
             "thin_ratio": counts["thin"] / base["thin"], "kernels_ratio": counts["kernels"] / base["kernels"]}
 
 
 def _cells(row: dict) -> str:
+    filled = f"{row['filled'] / 1e3:.1f} kB" if "filled" in row else "—"  # rows saved before it was counted
     return (f"{row['thin'] / 1e3:.0f} k | {row.get('inner', 0) / 1e3:.0f} k | {row['batched'] / 1e3:.0f} k "
             f"| {row['macs_ratio']:.2f} "
-            f"| {row['thin_ratio']:.2f} | {row['kernels']:.1f} | {row['kernels_ratio']:.2f}")
+            f"| {row['thin_ratio']:.2f} | {row['kernels']:.1f} | {row['kernels_ratio']:.2f} | {filled}")
 
 
 _COLUMNS = ("thin MACs / step | of them Xᵀ δ over B rows | batched MACs / step | MACs / bptt | thin MACs / bptt "
-            "| kernels / step | kernels / bptt")
+            "| kernels / step | kernels / bptt | filled and copied / step")
 
 
 def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
@@ -217,7 +241,7 @@ def measure(names, hidden: int, batch: int, length: int, losses) -> list[dict]:
 
 def render(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`measure`'s counts, with the measured wall ratio."""
-    lines = [f"| model | loss | rule | {_COLUMNS} | measured wall / bptt |", "|---" * 11 + "|"]
+    lines = [f"| model | loss | rule | {_COLUMNS} | measured wall / bptt |", "|---" * 12 + "|"]
     return lines + [f"| {r['model']} | {r['loss']} | {r['rule']} | {_cells(r)} "
                     f"| {measured_ratio(r['model'], r['H'], r['B'], r['T'], r['loss'], r['rule'])} |" for r in rows]
 
@@ -241,7 +265,7 @@ def demo_rows(algos=("hybrid", "esd_rtrl", "bptt")) -> list[dict]:
 
 def render_demo(rows: list[dict]) -> list[str]:
     """Markdown rows of :func:`demo_rows`."""
-    return [f"| algo | {_COLUMNS} |", "|---" * 8 + "|"] + [f"| {r['algo']} | {_cells(r)} |" for r in rows]
+    return [f"| algo | {_COLUMNS} |", "|---" * 9 + "|"] + [f"| {r['algo']} | {_cells(r)} |" for r in rows]
 
 
 def main() -> None:
