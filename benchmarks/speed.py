@@ -302,7 +302,7 @@ SUMMARY = [
     "",
     "- **D-RTRL** costs about what BPTT does at H = 128 (0.80× on the GRU, 0.84× on the RLIF net, 1.12× on "
     "the feed-forward LIF net; 0.47–0.65× with the loss at the last step), and its memory does not grow with "
-    "T; at H = 512 it takes 0.74–1.54×.",
+    "T; at H = 512 it takes 0.66–1.59× (0.37–1.18× with the loss at the last step).",
     "- **ES-D-RTRL** takes 0.60–0.74× BPTT's time at T = 200 and 0.46–0.51× at T = 2000 (0.25–0.32× with the "
     "loss at the last step): it meets the 0.6× target at T = 200 on the GRU only at the edge (0.601) and "
     "misses it on the RLIF net (0.64) and the feed-forward LIF net (0.74). Per step it runs the forward pass and "
@@ -345,7 +345,9 @@ READING = [
     "0.67 / 0.78×): the per-step weight-gradient products that BPTT runs over B rows and ES-D-RTRL batches "
     "over `C·B` are less thin at B = 64, so batching them gains less; on the feed-forward LIF net, whose "
     "steps are bound by their kernels rather than their products, the larger batch helps ES-D-RTRL "
-    "(0.71 → 0.41×).",
+    "(0.71 → 0.41×). The rows with the loss at every step were measured once more in a sixth session, after "
+    "the chunks began to hand their buffers on (below): D-RTRL 0.66–1.59×, ES-D-RTRL 0.39–0.83×, row by row "
+    "within this machine's noise of the fifth session's (chunks of 25–100 steps there).",
     "- Chunks of up to 100 steps (2026-11-25; 25 before, as the chunk column of the rows not measured again "
     "shows) while their buffers take at most 32 MiB (16 MiB until 2026-11-26, and still under ES-D-RTRL "
     "alone) or the traces' size, never "
