@@ -433,13 +433,14 @@ READING = [
     "GEMMs and once also without the deferred ops' GEMMs (the readout's `Xᵀ δy`), leaving only the step loop "
     "(the forward pass, the pull-back for `∂L^t/∂h^{t−1}`, docs/theory.md §5.8, `D`, `Df`, both traces). "
     "2026-11-26 (after the merged rows of `base.gram`), H = 128, B = 16, T = 200, medians of 21 "
-    "interleaved calls, as ratios to BPTT:",
+    "interleaved calls, as ratios to BPTT; the second figure of each cell measured in a sixth session, after "
+    "the chunks began to hand their buffers on:",
     "",
     "  | model | ES-D-RTRL | without the rule's GEMMs | step loop only |",
     "  |---|---|---|---|",
-    "  | LIF (feed-forward) | 0.78 | 0.66 | 0.60 |",
-    "  | GRU | 0.61 | 0.54 | 0.49 |",
-    "  | RLIF | 0.65 | 0.51 | 0.51 |",
+    "  | LIF (feed-forward) | 0.78 / 0.75 | 0.66 / 0.63 | 0.60 / 0.61 |",
+    "  | GRU | 0.61 / 0.58 | 0.54 / 0.52 | 0.49 / 0.48 |",
+    "  | RLIF | 0.65 / 0.63 | 0.51 / 0.50 | 0.51 / 0.51 |",
     "",
     "  The step loop alone costs 0.48–0.61× BPTT: the learning signal needs the pull-back through the step at "
     "every step, the same reverse sweep as BPTT's backward pass. On the feed-forward LIF net BPTT's whole step "
@@ -715,8 +716,9 @@ def work_section() -> list[str]:
         "0.57–0.60× with the readout's gradient, at 0.81× BPTT's kernels; the batched GEMM adds 0.33–0.41× of "
         "BPTT's multiply-adds at a better rate. At H = 128, B = 16 the thin products and the kernel launches "
         "set the pace, so the rule sits at 0.6× at best: the GRU, whose steps are bound by their products, "
-        "measures there (0.60–0.64×); the feed-forward LIF net, whose per-step products are small next to its "
-        "kernels and stacking writes, above it (0.72–0.80×; `es_floor.py`'s step loop alone 0.60×). Under "
+        "measures there (0.58–0.60× since the chunks hand their buffers on, 0.60–0.64× before); the "
+        "feed-forward LIF net, whose per-step products are small next to its kernels and stacking writes, above "
+        "it (0.69–0.74×, 0.72–0.80× before; `es_floor.py`'s step loop alone 0.60×). Under "
         "0.6× on that net a form of the rule needs fewer thin products or kernels per step than one forward "
         "pass and one pull-back: a split of the step loop by the model's structure (`es_handwritten.py`: "
         "0.61–0.65× written by hand for this net). `tests/algorithms/test_work_per_step.py` holds the engine "
