@@ -300,16 +300,17 @@ def plot(results, path: pathlib.Path) -> str:
 SUMMARY = [
     "## In short (2026-11-26)",
     "",
-    "- **D-RTRL** costs about what BPTT does at H = 128 (0.80× on the GRU, 0.84× on the RLIF net, 1.12× on "
+    "- **D-RTRL** costs about what BPTT does at H = 128 (0.81× on the GRU, 0.84× on the RLIF net, 1.05× on "
     "the feed-forward LIF net; 0.47–0.65× with the loss at the last step), and its memory does not grow with "
     "T; at H = 512 it takes 0.66–1.59× (0.37–1.18× with the loss at the last step).",
-    "- **ES-D-RTRL** takes 0.60–0.74× BPTT's time at T = 200 and 0.46–0.51× at T = 2000 (0.25–0.32× with the "
-    "loss at the last step): it meets the 0.6× target at T = 200 on the GRU only at the edge (0.601) and "
-    "misses it on the RLIF net (0.64) and the feed-forward LIF net (0.74). Per step it runs the forward pass and "
+    "- **ES-D-RTRL** takes 0.61–0.73× BPTT's time at T = 200 and 0.46–0.50× at T = 2000 (0.25–0.32× with the "
+    "loss at the last step): at T = 200 it sits on the 0.6× target on the GRU (0.58–0.61 over the sixth "
+    "session's runs, 0.61 in the table) and misses it on the RLIF net (0.64) and the feed-forward LIF net "
+    "(0.69–0.75). Per step it runs the forward pass and "
     "the pull-back for its learning signal (docs/theory.md §5.8), the reverse step BPTT's backward pass "
     "runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight gradient, "
     "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become batched GEMMs. The GRU, whose "
-    "steps are bound by their products, sits on that floor (0.60×). On the feed-forward LIF net the "
+    "steps are bound by their products, sits on that floor (0.58–0.61×). On the feed-forward LIF net the "
     "per-step kernels set the pace (the step loop alone takes 0.60×, `es_floor.py`).",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
     "accuracy (0.986 against 0.984) in the same wall time within noise: 0.96–1.07× over ten runs of three "
@@ -425,7 +426,8 @@ READING = [
     "0.5–6 % faster too; D-RTRL on the GRU 0.80–0.84 → 0.77–0.78×, on the LIF net within noise, with "
     "0.9–1.7 MiB more temp memory (the buffers stay live between chunks); identical gradients. The rows at "
     "H = 128 with the loss at every step were measured after it: ES-D-RTRL 0.601× on the GRU (0.64 before), "
-    "0.639× on the RLIF net (0.65), 0.743× on the LIF net (0.79). Steps without a loss keep the scan's own "
+    "0.639× on the RLIF net (0.65), 0.743× on the LIF net (0.79); the GRU and LIF rows at B = 16 once more "
+    "with 15 rounds: 0.614× and 0.725× (T = 200), 0.464× and 0.501× (T = 2000). Steps without a loss keep the scan's own "
     "outputs: carried there, D-RTRL on the GRU with the loss at the last step measured 0.46 → 0.505× (the "
     "demo's path, where carrying had lost before as well; the tried-and-reverted bullets below).",
     "- Where ES-D-RTRL's time goes with the loss at every step, and why it misses 0.6× on the LIF nets: "
