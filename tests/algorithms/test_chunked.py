@@ -9,6 +9,9 @@ D-RTRL is also compared with the independent BPTT reference at a small chunk siz
 
 from __future__ import annotations
 
+import pathlib
+import re
+import sys
 import warnings
 
 from _per_step import PerStep
@@ -475,6 +478,53 @@ def test_a_loss_at_the_last_step_chunks_the_steps_before_it_with_the_shortest_la
         grads = jax.jit(lambda w, s, x, t: program.run(w, s, x, t, active="last"))(
             weights, module.state_leaves(), [case.xs], targets)[0]
     assert_grads_match(grads_by_path(module, grads), reference, 1e-8)
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl"])
+def test_a_mask_runs_no_branch_per_step_and_a_nan_at_an_unmarked_step_stays_out(weighted_case, algo):
+    """With a per-step mask a chunk that has some loss runs the pull-back at every step
+    and keeps the unmarked steps' parts at zero by a select: the compiled step loops hold
+    no conditional (one per chunk decides whether the chunk has any loss), and a target
+    that is NaN at an unmarked step, whose loss weight is zero, leaves the gradient and
+    the losses as they are with a finite target there (0 · NaN would not)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import work
+
+    case, references = weighted_case
+    mask = _last_and_mask()[2][1]
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        targets = (case.ys, jnp.asarray(mask, case.ys.dtype))
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo=algo)
+        program = build_online(graph, plan.pairs, plan.rules, _weighted, trace_dtype=plan.trace_dtype, chunk=7)
+        weights = [leaf for s in graph.module.weights for leaf in jax.tree.leaves(s.state.value)]
+        states = graph.module.state_leaves()
+        run = jax.jit(lambda w, s, x, t, flags: program.run(w, s, x, t, active=flags))
+        finite = run(weights, states, [case.xs], targets, jnp.asarray(mask))
+        unmarked = int(np.flatnonzero(~mask)[0])
+        poisoned = (case.ys.at[unmarked].set(jnp.nan), targets[1])
+        with_nan = run(weights, states, [case.xs], poisoned, jnp.asarray(mask))
+        hlo = run.lower(weights, states, [case.xs], targets, jnp.asarray(mask)).compile().as_text()
+    np.testing.assert_array_equal(np.asarray(with_nan[1]), np.asarray(finite[1]))
+    for a, b in zip(with_nan[0], finite[0]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    computations, _ = work.parse(hlo)
+
+    def conditionals(name, seen=()):  # conditional ops reachable from a computation
+        found = 0
+        for _, _, opcode, rest in computations[name]:
+            found += opcode == "conditional"
+            for called in re.findall(r"(?:body|calls|to_apply|branch_computations=\{[^}]*)=?%([^\s,})]+)", rest):
+                if called in computations and called not in seen:
+                    found += conditionals(called, (*seen, name))
+        return found
+
+    step_loops = [re.search(r"body=%([^\s,]+)", rest).group(1) for ops in computations.values()
+                  for _, _, opcode, rest in ops
+                  if opcode == "while" and '"known_trip_count":{"n":"7"}' in rest]
+    assert step_loops, "no loop over a chunk of 7 steps found"
+    assert all(conditionals(body) == 0 for body in step_loops)
 
 
 def test_steps_marked_without_loss_do_not_evaluate_it_and_final_collects_the_last_step(weighted_case):
