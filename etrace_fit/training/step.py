@@ -18,8 +18,15 @@ __all__ = ["StepResult", "build_train_step", "placed_metrics", "sequence_targets
 
 
 def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight: jax.Array) -> dict[str, jax.Array]:
-    """Each metric placed in time like the loss, averaged over samples (traceable)."""
-    return {name: jnp.sum(weight * jax.vmap(fn)(outputs, ys)) / weight.shape[1] for name, fn in metric_fns.items()}
+    """Each metric placed in time like the loss, averaged over samples (traceable). Per
+    sequence ``Σ_t w·m / Σ_t w``: the placement's weights sum to 1 per sequence up to
+    rounding (``mask / count``: 5 steps of 0.2 each), and dividing by their own sum keeps
+    a metric that is 1 at every placed step at exactly 1 (it read 1.0000015 over such
+    masks); a sequence without placed steps counts 0, as before."""
+    total = jnp.sum(weight, axis=0)
+    safe = jnp.where(total > 0, total, jnp.ones_like(total))
+    return {name: jnp.mean(jnp.where(total > 0, jnp.sum(weight * jax.vmap(fn)(outputs, ys), axis=0) / safe, 0.0))
+            for name, fn in metric_fns.items()}
 
 
 def sequence_targets(ys: Any, weight: jax.Array, regularizers: Sequence = (), rates: Sequence | None = None

@@ -71,6 +71,35 @@ def test_loss_on_mask_uses_only_marked_steps():
         ef.Trainer(_model(), loss_on="mask").fit(x, y, epochs=1, verbose=0)
 
 
+def test_a_metric_placed_by_a_mask_is_an_exact_mean_over_the_marked_steps():
+    """placed_metrics over the weights a mask places (mask / count: 5 steps of 0.2,
+    which float32 rounds): a metric that is 1 at every marked step reads exactly 1 (it
+    read 1.0000015 before), a sequence without marked steps counts 0, and a partly
+    right batch gives the mean over sequences of the mean over their marked steps (by
+    hand)."""
+    from etrace_fit.training.metrics import accuracy
+    from etrace_fit.training.step import placed_metrics
+
+    def placed(outputs, mask):
+        weight = jnp.asarray(mask / np.maximum(mask.sum(axis=0, keepdims=True), 1.0))
+        return float(placed_metrics({"accuracy": accuracy}, outputs, labels, weight)["accuracy"])
+
+    steps, batch = 31, 64
+    labels = jnp.zeros((steps, batch), jnp.int32)
+    right = jnp.zeros((steps, batch, 3)).at[..., 0].set(1.0)
+    mask = np.zeros((steps, batch), np.float32)
+    mask[-5:] = 1.0
+    assert placed(right, mask) == 1.0
+    unmarked = mask.copy()
+    unmarked[:, 0] = 0.0  # the first sequence has no marked step: it counts 0
+    assert placed(right, unmarked) == float(np.float32(batch - 1) / np.float32(batch))
+    wrong_at = np.zeros((steps, batch), bool)
+    wrong_at[-1, :batch // 2] = True  # half the sequences wrong at their last step
+    outputs = jnp.where(jnp.asarray(wrong_at)[..., None], jnp.zeros(3).at[1].set(1.0), right)
+    by_hand = np.mean([np.sum(mask[:, b] * ~wrong_at[:, b]) / np.sum(mask[:, b]) for b in range(batch)])
+    assert abs(placed(outputs, mask) - by_hand) < 1e-6
+
+
 def test_update_every_trains_online_inside_the_sequence():
     x, y = _data(64)
     trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2), update_every=10)
