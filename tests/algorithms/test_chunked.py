@@ -511,14 +511,10 @@ def test_a_mask_runs_no_branch_per_step_and_a_nan_at_an_unmarked_step_stays_out(
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     computations, _ = work.parse(hlo)
 
-    def conditionals(name, seen=()):  # conditional ops reachable from a computation
-        found = 0
-        for _, _, opcode, rest in computations[name]:
-            found += opcode == "conditional"
-            for called in re.findall(r"(?:body|calls|to_apply|branch_computations=\{[^}]*)=?%([^\s,})]+)", rest):
-                if called in computations and called not in seen:
-                    found += conditionals(called, (*seen, name))
-        return found
+    def conditionals(name):  # conditional ops in a computation and in those it runs
+        return sum((opcode == "conditional") + sum(conditionals(called) for called in
+                                                   re.findall(r"(?:body|calls|to_apply)=%([^\s,]+)", rest))
+                   for _, _, opcode, rest in computations[name])
 
     step_loops = [re.search(r"body=%([^\s,]+)", rest).group(1) for ops in computations.values()
                   for _, _, opcode, rest in ops

@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import speed  # noqa: E402
 import work  # noqa: E402
 
+from etrace_fit.algorithms.online import DEFAULT_CHUNK  # noqa: E402
+
 I, O = speed.I, speed.O
 B, H, T = 4, 32, 20
 
@@ -96,7 +98,7 @@ def test_a_sequence_of_several_chunks_fills_its_stacked_buffers_once(name, rule)
     copied for each chunk, so four chunks wrote more per step than one (ES-D-RTRL on the
     LIF net 4.4 kB a step against 3.4 kB at one chunk; with the carried buffers 2.7 kB)."""
     model = speed.build(name, H, B)
-    chunk = 100  # online.DEFAULT_CHUNK: T = 100 runs as one chunk, T = 400 as four
+    chunk = DEFAULT_CHUNK  # T = C runs as one chunk, T = 4C as four
     filled = {}
     for length in (chunk, 4 * chunk):
         xs, ys = speed.data(name, B, length, "all")
