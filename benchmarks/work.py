@@ -12,7 +12,10 @@ count), a conditional by its costlier branch. Per time step it counts
   side (rows, columns or inner dimension) is at most the batch size — a step loop's
   ``(B, K)(K, O)`` (``rows``), BPTT's per-step ``Xᵀ δ``, which contracts the ``B`` rows
   (``inner``: a product whose inner dimension is the batch size) — and
-  *batched* ones (a chunk's ``(C·B, K)ᵀ (C·B, O)``);
+  *batched* ones (a chunk's ``(C·B, K)ᵀ (C·B, O)``); of the step's ``(B, K)(K, O)``,
+  those whose ``(K, O)`` operand is contracted along its minor dimension, read across
+  its rows (``folded``: a pull-back ``δy @ Wᵀ`` with the transpose folded into the
+  product, which XLA on CPU runs slower than one on a transposed copy);
 - the kernels launched: every operation of a loop body or of the entry that is not
   bookkeeping (a fusion, a product, a copy count one each);
 - the bytes written by fills and copies (``filled``): a fusion that only broadcasts a
@@ -84,6 +87,12 @@ def _dims(text: str) -> list[int]:
     return [int(d) for d in match.group(1).split(",") if d] if match else []
 
 
+def _minor(type_: str) -> int | None:
+    """The minor-most dimension of an array type's layout (``f32[128,10]{1,0}``: 1)."""
+    match = re.search(r"\]\{(\d+)", type_)
+    return int(match.group(1)) if match else None
+
+
 def _attribute_dims(rest: str, key: str) -> list[int]:
     match = re.search(key + r"=\{([\d,]*)\}", rest)
     return [int(d) for d in match.group(1).split(",") if d] if match else []
@@ -153,7 +162,9 @@ def count(hlo: str, thin: int) -> Counter:
         if inner == thin:  # contracts the batch's rows: a weight gradient Xᵀ δ over one step
             return Counter({"thin": macs, "inner": macs})
         if min(rows, columns) <= thin:  # a step's product: (B, K)(K, O)
-            return Counter({"thin": macs, "rows": macs})
+            # its other operand read across its rows: contracted along its minor dimension
+            folded = len(rhs) == 2 and not rhs_batch and rhs_inner == [_minor(shapes[operands[1]])]
+            return Counter({"thin": macs, "rows": macs, "folded": macs if folded else 0})
         return Counter({"batched": macs})
 
     def run(computation: str) -> Counter:  # a computation XLA runs instruction by instruction
@@ -210,7 +221,7 @@ def measured_ratio(name: str, hidden: int, batch: int, length: int, loss: str, r
 def _ratios(counts: Counter, base: Counter) -> dict:
     """``counts``' numbers and their ratios to ``base``'s (BPTT's)."""
     return {"thin": counts["thin"], "rows": counts["rows"], "inner": counts["inner"], "batched": counts["batched"],
-            "kernels": counts["kernels"], "filled": counts["filled"],
+            "kernels": counts["kernels"], "filled": counts["filled"], "folded": counts["folded"],
             "macs_ratio": (counts["thin"] + counts["batched"]) / (base["thin"] + base["batched"]),
             "thin_ratio": counts["thin"] / base["thin"], "kernels_ratio": counts["kernels"] / base["kernels"]}
 

@@ -223,8 +223,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     y_avals = [eqns[i].outvars[0].aval for i in fused]
     # Dense ops on a concatenation ([x, h] of a gate): the pull-back computes the
     # cotangent of the parts that need one only (ops.matmul_of_parts), not every column.
-    split_of = _concatenated_inputs(eqns, exclude={readout_x})
-    split_concats = set(split_of.values())
+    # Dense ops on one value the step computes (a readout on h): one part, for the
+    # prepared transpose below. Model inputs need no cotangent.
+    model_inputs = set(jaxpr.invars[:len(module.input_vars)])
+    split_of = _dense_inputs(eqns, exclude={readout_x, *model_inputs})
+    split_concats = {concat for concat in split_of.values() if concat is not None}
     weight_of_var = {var: n for n, var in enumerate(jaxpr.invars[len(module.input_vars):])
                      if n in set(weight_positions)}
 
@@ -233,16 +236,20 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
     def prepare(weights) -> dict:
         """What the step reads off the weights that stay fixed over the sequence (or the
-        window between updates): the row blocks of each split dense op's weight,
-        transposed and laid out contiguously, so the pull-back's ``δy @ W[rows]ᵀ`` is a
-        product with a row-major operand (ops.matmul_of_parts' ``rows_t``; XLA on CPU
-        ran ``(16, 128) @ W[rows]ᵀ`` with the transpose folded into the product at
-        9.5 µs a step against 6.4; the optimization barrier keeps it from folding the
-        transpose back). Measured 2026-11-26, H = 128, B = 16, T = 200, loss at every
-        step, alternated in one process: ES-D-RTRL on the GRU 0.633 → 0.608× BPTT, on
-        the RLIF net 0.763 → 0.712×; D-RTRL on the RLIF net 1.051 → 1.009×, on the GRU
-        within noise. A caller computes it once outside its loops and passes it to
-        every step."""
+        window between updates): the row blocks of each split dense op's weight (a
+        single block for an op on one value), transposed and laid out contiguously, so
+        the pull-back's ``δy @ W[rows]ᵀ`` is a product with a row-major operand
+        (ops.matmul_of_parts' ``rows_t``; XLA on CPU ran ``(16, 128) @ W[rows]ᵀ`` with
+        the transpose folded into the product at 9.5 µs a step against 6.4; the
+        optimization barrier keeps it from folding the transpose back). Measured
+        2026-11-26, H = 128, B = 16, T = 200, loss at every step, alternated in one
+        process: ES-D-RTRL on the GRU 0.633 → 0.608× BPTT, on the RLIF net 0.763 →
+        0.712×; D-RTRL on the RLIF net 1.051 → 1.009×, on the GRU within noise. The
+        readout's ``(H, 10)`` weight too (2026-11-26, a seventh session, both orders):
+        ES-D-RTRL on the feed-forward LIF net 0.626 / 0.593 → 0.568 / 0.586×, on the
+        RLIF net 0.573 / 0.618 → 0.544 / 0.604×, on the GRU 0.634 / 0.598 → 0.614 /
+        0.589×. A caller computes it once outside its loops and passes it to every
+        step."""
         leaves = assemble(weights, [None] * len(other_positions))
         prepared = {}
         for index, concat in split_of.items():
@@ -250,7 +257,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             weight_var = eqn.invars[1]
             if isinstance(weight_var, _compat.Literal) or weight_var not in weight_of_var:
                 continue  # the weight is computed in the step: slice it there
-            sizes = [v.aval.shape[-1] for v in eqns[concat].invars]
+            sizes = [v.aval.shape[-1] for v in (eqns[concat].invars if concat is not None else eqn.invars[:1])]
             blocks = weight_rows(leaves[weight_of_var[weight_var]], sizes, eqn.params.get("weight_fn"))
             prepared[index] = [lax.optimization_barrier(block.T) for block in blocks]
         return prepared
@@ -273,16 +280,18 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                 return None
             random_feedback = feedback is not None and feedback.matrix is not None and index == feedback.readout
             memory_input = memory_pairs and x_perturbation is not None and index == readout.readout
-            if index not in perturbation_of and not random_feedback and not memory_input and index not in split_of:
+            own = index in split_of and (split_of[index] is not None or index in prepared)
+            if index not in perturbation_of and not random_feedback and not memory_input and not own:
                 return None
             invals = list(invals)
             if memory_input:
                 invals[readout_x_index] = invals[readout_x_index] + x_perturbation
             for position in fused_positions.get(index, ()):
                 invals[position] = lax.stop_gradient(invals[position])
-            if index in split_of and not memory_input and not random_feedback:
+            if own and not memory_input and not random_feedback:
                 x, weight, *bias = invals
-                out = matmul_of_parts(eqn.primitive, x, parts_of[split_of[index]], weight, *bias,
+                parts = parts_of[split_of[index]] if split_of[index] is not None else [x]
+                out = matmul_of_parts(eqn.primitive, x, parts, weight, *bias,
                                       weight_fn=eqn.params.get("weight_fn"), rows_t=prepared.get(index))
             elif not random_feedback:
                 out = _compat.eval_equation(eqn, invals)[0]
@@ -532,21 +541,23 @@ def _cast(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(lambda a: a.astype(dtype), tree)
 
 
-def _concatenated_inputs(eqns, exclude: set) -> dict[int, int]:
-    """``{dense op index: index of the concatenate that makes its x}`` for the dense
-    ETP ops (``etp_mm``, ``etp_mv``) whose input is a concatenation along its last
-    axis (a gate's ``[x, h]``), but those whose input is in ``exclude``."""
+def _dense_inputs(eqns, exclude: set) -> dict[int, int | None]:
+    """``{dense op index: index of the concatenate that makes its x, or None}`` for the
+    dense ETP ops (``etp_mm``, ``etp_mv``) whose input is a concatenation along its last
+    axis (a gate's ``[x, h]``) or another variable (a readout's ``h``), but those whose
+    input is in ``exclude``."""
     producer = {var: i for i, eqn in enumerate(eqns) for var in eqn.outvars}
     found = {}
     for i, eqn in enumerate(eqns):
         if eqn.primitive.name not in ("etp_mm", "etp_mv"):
             continue
         x = eqn.invars[0]
-        if isinstance(x, _compat.Literal) or x in exclude or x not in producer:
+        if isinstance(x, _compat.Literal) or x in exclude:
             continue
-        concat = eqns[producer[x]]
-        if concat.primitive.name == "concatenate" and concat.params["dimension"] == len(x.aval.shape) - 1:
-            found[i] = producer[x]
+        concat = eqns[producer[x]] if x in producer else None
+        joined = concat is not None and concat.primitive.name == "concatenate" \
+            and concat.params["dimension"] == len(x.aval.shape) - 1
+        found[i] = producer[x] if joined else None
     return found
 
 
