@@ -6,7 +6,8 @@ structure (docs/theory.md §5.9) checked without a clock.
 batch ``B``: BPTT's per-step products are the forward pass, the pull-back and one
 weight gradient per dense op over ``B`` rows. The online rules must keep the forward
 pass and the pull-back per step and do their weight-gradient products once per chunk
-over ``C·B`` rows; steps without a loss skip the pull-back.
+over ``C·B`` rows, and a dense op on the inputs alone (the LIF net's input product) once
+per chunk as well; steps without a loss skip the pull-back.
 """
 
 import pathlib
@@ -51,29 +52,31 @@ def test_bptt_does_the_forward_pass_the_pull_back_and_per_step_weight_gradients(
 
 @pytest.mark.parametrize("rule", ["esd_rtrl", "d_rtrl"])
 def test_online_weight_gradients_are_one_product_per_chunk_not_per_step(rule):
-    """Per step only the forward pass and the readout's pull-back are thin products; the
-    input weight's gradient (and ES-D-RTRL's one-step part) is a GEMM over the chunk's
-    C·B rows. A per-step weight-gradient product would add B·I·H thin multiply-adds a
-    step."""
+    """Per step only the readout's product and its pull-back are thin products; the input
+    product (it reads the inputs alone) and the input weight's gradient (and ES-D-RTRL's
+    one-step part) are GEMMs over the chunk's C·B rows. A per-step input product or
+    weight-gradient product would add B·I·H thin multiply-adds a step."""
     counts = _work("lif", rule, "all")
-    forward_and_pull_back = B * I * H + B * H * O + B * H * O
-    assert forward_and_pull_back <= counts["thin"] < forward_and_pull_back + B * I * H / 4
+    readout_and_pull_back = B * H * O + B * H * O
+    assert readout_and_pull_back <= counts["thin"] < readout_and_pull_back + B * I * H / 4
     # no weight gradient over a step's B rows: only ES-D-RTRL's last row, once per chunk (here one
     # chunk of T steps), e_Cᵀ δy_{C-1} over the input and the bias column (docs/theory.md §5.9)
     assert counts["inner"] == (B * (I + 1) * H / T if rule == "esd_rtrl" else 0)
-    assert counts["batched"] >= B * I * H  # the input weight's gradient, batched over the chunk
+    assert counts["batched"] >= 2 * B * I * H  # the input product and its weight's gradient, batched
 
 
 @pytest.mark.parametrize("rule", ["esd_rtrl", "d_rtrl"])
 def test_steps_without_loss_skip_the_pull_back(rule):
-    """Loss at the last step only: every step runs its input product (the traces
-    advance), one step runs the readout, its pull-back and the gradients. A pull-back
-    at every step would add B·H·O a step (T·B·H·O in all)."""
+    """Loss at the last step only: the steps before it advance the traces on their input
+    products, one GEMM over their chunk; the last step runs alone with its input product,
+    the readout, its pull-back and the gradients. A pull-back at every step would add
+    B·H·O a step (T·B·H·O in all)."""
     counts = _work("lif", rule, "last")
-    extra = counts["thin"] * T - T * B * I * H  # what the T steps do beyond their input products
+    extra = counts["thin"] * T - B * I * H  # what the last step does beyond its input product
     one_step_with_loss = B * I * H + 4 * B * H * O + B * (I + 1) * H
     assert 0 < extra <= one_step_with_loss
-    assert counts["batched"] == 0  # no chunk GEMM over rows that are zero but at one step
+    # the T - 1 input products, and no chunk GEMM over rows that are zero but at one step
+    assert counts["batched"] * T == (T - 1) * B * I * H
 
 
 def test_the_gru_pull_back_computes_only_the_recurrent_rows_cotangent():
