@@ -229,12 +229,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     # cotangent of the parts that need one only (ops.matmul_of_parts), not every column.
     # Dense ops on one value the step computes (a readout on h): one part, for the
     # prepared transpose below. Model inputs need no cotangent.
-    model_inputs = set(jaxpr.invars[:len(module.input_vars)])
-    split_of = _dense_inputs(eqns, exclude={readout_x, *model_inputs})
+    input_of_var = {var: n for n, var in enumerate(jaxpr.invars[:len(module.input_vars)])}
+    split_of = _dense_inputs(eqns, exclude={readout_x, *input_of_var})
     split_concats = {concat for concat in split_of.values() if concat is not None}
     weight_of_var = {var: n for n, var in enumerate(jaxpr.invars[len(module.input_vars):])
                      if n in set(weight_positions)}
-    input_of_var = {var: n for n, var in enumerate(jaxpr.invars[:len(module.input_vars)])}
     # Fused dense ops that read a model input and weights alone: their output does not
     # depend on the step's states, so a chunk computes it for all its steps in one GEMM.
     on_inputs = tuple(i for i in fused if eqns[i].primitive.name == "etp_mm"
