@@ -306,7 +306,7 @@ def plot(results, path: pathlib.Path) -> str:
 
 
 SUMMARY = [
-    "## In short (2026-11-26)",
+    "## In short (2026-11-26; a third machine's numbers of 2026-11-27 where said)",
     "",
     "- **D-RTRL** costs about what BPTT does at H = 128 (0.77× on the GRU, 0.85× on the RLIF net, 0.71× on "
     "the feed-forward LIF net; 0.41–0.65× with the loss at the last step), and its memory does not grow with "
@@ -321,18 +321,21 @@ SUMMARY = [
     "runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight gradient, "
     "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become batched GEMMs. The GRU, whose "
     "steps are bound by their products, sits on that floor (0.58–0.64×). On the feed-forward LIF net the "
-    "per-step kernels set the pace (the step loop alone takes 0.55–0.61×, `es_floor.py`).",
+    "per-step kernels set the pace (the step loop alone takes 0.55–0.61×, `es_floor.py`). A third machine of "
+    "the same kind (2026-11-27) read 0.66× on the GRU, 0.62× on the LIF net and 0.70× on the RLIF net, D-RTRL "
+    "0.93–1.01× (the last bullet of the section below).",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT at T = 200 and 0.46–0.52× at T = 2000, D-RTRL 0.85–1.02× and 0.62–0.74×; "
     "before the sixth session a branch per step made it cost more (ES-D-RTRL on the GRU 0.77×, D-RTRL on the "
     "LIF net 1.45×).",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
     "accuracy (0.980–0.986 against 0.980–0.984) in the same wall time within noise: 0.96–1.07× over ten runs "
-    "of three seeds on one machine, 0.92–1.08× over four on another, and 0.86–1.20× to its first "
+    "of three seeds on one machine, 0.92–1.08× over four on another, 1.01× on a third, and 0.86–1.24× to its first "
     "validation at 0.93. Its batch takes 0.93–1.0× BPTT's (0.80–0.90× on the other machine since its input "
     "product became one GEMM per chunk) while doing 1.91× "
     "its multiply-adds, and its start is ~0.7–1 s longer (the step compiles in 1.2–1.45 s against 0.7 s; "
-    "1.8–1.9 s against 1.2 s on the other machine).",
+    "1.8–1.9 s against 1.2 s on the other machine). On a third machine (2026-11-27) its batch took "
+    "0.99–1.13× BPTT's and it compiled in 2.1–2.7 s against 1.2–1.4 s: 1.01× BPTT's whole run, 1.24× to 0.93.",
     "- **Everything else the issue asks for holds**: the loss-at-the-last-step targets, flat temp memory in "
     "T, the Trainer's overhead (1.04–1.07× the bare step), and chunked equal to per-step in float64.",
 ]
@@ -650,6 +653,25 @@ READING = [
     "in toys, a chunk's GEMM overlapped with the next chunk's step loop (software-pipelined in the chunk "
     "loop: XLA on CPU ran them one after the other, 6.85 → 7.87 ms) and a GRU's two gate products on the "
     "same `[x, h]` as one (14.57 → 14.81 µs a step: at this size products cost their multiply-adds).",
+    "- Tried and reverted (2026-11-27, an eighth session, on a third machine of the same kind; alternated in "
+    "one process, both orders, gradients equal to 4e-8): a gate's input rows `x W[:I] + b` computed for a "
+    "whole chunk before the step loop, as a first layer's input product is, the step adding `h W[I:]`. One "
+    "`(C·B, I)(I, H)` product per gate: ES-D-RTRL on the GRU 0.608 → 0.614 and 0.651 → 0.643×, D-RTRL "
+    "0.794 → 0.936 and 0.783 → 1.065× (the chunk's `(1600, 64)(64, 128)` ran at ~35 GFLOP/s against the "
+    "step's thin products' ~54, and the fills after it ran slower); one `(C·B, I)(I, 3H)` product for the "
+    "three gates: ES-D-RTRL on the GRU 0.590 → 0.592, 0.552 → 0.559 and 0.673 → 0.670×, D-RTRL 0.794 → "
+    "0.745 and 0.759 → 0.736×, but on the RLIF net ES-D-RTRL 0.694 → 0.733 and 0.726 → 0.797×, D-RTRL "
+    "0.963 → 0.980 and 1.125 → 1.209×. On the demo's step (ms a batch, BPTT's 38–39): the readout's small "
+    "D-RTRL trace carried flat through the step loop (XLA still copies it each step) 44.5 → 44.1; the no-loss "
+    "steps' stacked signals handed from chunk to chunk instead of zero-filled per chunk (as the steps "
+    "with a loss do; tried for both on 2026-11-26) 38.7 → 38.8; as on 2026-11-26, "
+    "`xla_cpu_use_fusion_emitters=false` compiles the step in 1.74 s instead of 2.47 (BPTT 0.89 instead of "
+    "1.27) but runs it in 34.1 ms instead of 33.1 (BPTT 42.2 instead of 36.6). Of the online step's 2.4 s "
+    "compile (`jax.profiler`), XLA's fusion emitters take 1.37 s for its 109 fusions and LLVM 1.09 s; the HLO "
+    "passes ~0.2 s. That machine measured (11 rounds, not in the table): ES-D-RTRL 0.66× on the GRU, 0.62× on "
+    "the LIF net, 0.70× on the RLIF net; D-RTRL 1.01×, 0.93×, 0.97×; BPTT's GRU sequence 59 ms there against "
+    "47–50 ms on the seventh session's machine. The demo there: hybrid 0.982 in 22.2 s against BPTT's 0.980 "
+    "in 21.9 s (1.01×), 1.24× to 0.93; its step 0.99–1.13× BPTT's batch in three A/B runs.",
 ]
 
 
