@@ -335,7 +335,10 @@ SUMMARY = [
     "product became one GEMM per chunk) while doing 1.91× "
     "its multiply-adds, and its start is ~0.7–1 s longer (the step compiles in 1.2–1.45 s against 0.7 s; "
     "1.8–1.9 s against 1.2 s on the other machine). On a third machine (2026-11-27) its batch took "
-    "0.99–1.13× BPTT's and it compiled in 2.1–2.7 s against 1.2–1.4 s: 1.01× BPTT's whole run, 1.24× to 0.93.",
+    "0.99–1.13× BPTT's and it compiled in 2.1–2.7 s against 1.2–1.4 s: 1.01× BPTT's whole run, 1.24× to 0.93 "
+    "(before its step loop stopped copying the readout's trace each step; after it, the batch 0.85× BPTT's on "
+    "a quieter hour, and the demo again 1.01× BPTT's whole run, 1.34× to 0.93: its first epoch ended at "
+    "5.6–6.7 s against 3.6–4.1 s, its later epochs took 0.89–1.7 s against 1.1–1.5 s).",
     "- **Everything else the issue asks for holds**: the loss-at-the-last-step targets, flat temp memory in "
     "T, the Trainer's overhead (1.04–1.07× the bare step), and chunked equal to per-step in float64.",
 ]
@@ -653,6 +656,14 @@ READING = [
     "in toys, a chunk's GEMM overlapped with the next chunk's step loop (software-pipelined in the chunk "
     "loop: XLA on CPU ran them one after the other, 6.85 → 7.87 ms) and a GRU's two gate products on the "
     "same `[x, h]` as one (14.57 → 14.81 µs a step: at this size products cost their multiply-adds).",
+    "- Since 2026-11-27 the step loop carries the traces it advances without their axes of size one "
+    "(a dense pair's position and state axes, `(B, 1, 1, K, O)`): carried with them, XLA laid them out "
+    "with the unit axes first and copied them at every step before the fused update could write them (the "
+    "demo's readout trace, 51 kB a step; two of the GRU's ES-D-RTRL traces). Alternated in one process in "
+    "both orders, on the third machine below: the demo's step 0.876 → 0.850 and 0.907 → 0.846× BPTT's "
+    "batch; ES-D-RTRL on the GRU 0.653 → 0.580, 0.670 → 0.631 and 0.667 → 0.705× (the RLIF and LIF nets "
+    "within noise; D-RTRL's programs at every step unchanged); identical numbers. "
+    "`test_a_trace_advanced_in_the_step_loop_is_written_in_place` holds it.",
     "- Tried and reverted (2026-11-27, an eighth session, on a third machine of the same kind; alternated in "
     "one process, both orders, gradients equal to 4e-8): a gate's input rows `x W[:I] + b` computed for a "
     "whole chunk before the step loop, as a first layer's input product is, the step adding `h W[I:]`. One "

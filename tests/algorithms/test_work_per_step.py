@@ -14,6 +14,7 @@ import pathlib
 import sys
 
 import brainstate
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -21,6 +22,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import speed  # noqa: E402
 import work  # noqa: E402
 
+import etrace_fit as ef  # noqa: E402
+from etrace_fit import layers  # noqa: E402
 from etrace_fit.algorithms.online import DEFAULT_CHUNK  # noqa: E402
 
 I, O = speed.I, speed.O
@@ -120,3 +123,26 @@ def test_a_sequence_of_several_chunks_fills_its_stacked_buffers_once(name, rule)
         xs, ys = speed.data(name, B, length, "all")
         filled[length] = work.rule_work(model, rule, xs, ys, "all", batch=B)["filled"]
     assert filled[4 * chunk] < filled[chunk]
+
+
+def test_a_trace_advanced_in_the_step_loop_is_written_in_place():
+    """D-RTRL's small trace of a leaky readout's weight, ``(B, 1, 1, H + 1, O)`` (one
+    position, one state), advances inside the step loop on steps without a loss (the
+    demo's shape). The loop carries it without its unit axes: carried with them, XLA
+    laid it out with those axes first and copied it at every step before the fused
+    update could write it (the demo: 51 kB a step). No copy of its size runs in a loop."""
+    rng = np.random.default_rng(0)
+    w = (rng.normal(0, 1.3 / np.sqrt(I), (I, H))).astype(np.float32)
+    model = ef.Sequential(layers.Linear(I, H, w_init=w), layers.LIF(H, tau=10.0),
+                          layers.LeakyRateReadout(H, O, tau=5.0))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    xs, ys = speed.data("lif", B, T, "last")
+    compiled = speed.compile_rule(model, "d_rtrl", xs, ys, "last")[0]
+    computations, _ = work.parse(compiled.as_text())
+    bodies = [rest.split("body=%", 1)[1].split(",", 1)[0] for instructions in computations.values()
+              for _, _, opcode, rest in instructions if opcode == "while"]
+    assert bodies
+    trace = B * (H + 1) * O * 4  # float32 bytes
+    copies = [(body, type_) for body in bodies for _, type_, opcode, _ in computations[body]
+              if opcode == "copy" and work._bytes(type_) == trace]
+    assert copies == []
