@@ -306,24 +306,25 @@ def plot(results, path: pathlib.Path) -> str:
 
 
 SUMMARY = [
-    "## In short (2026-11-26; a third machine's numbers of 2026-11-27 where said)",
+    "## In short (2026-11-27; the H = 128, B = 16 rows with the loss at every step measured on an eighth "
+    "session's machine, the others on 2026-11-26)",
     "",
-    "- **D-RTRL** costs about what BPTT does at H = 128 (0.77× on the GRU, 0.85× on the RLIF net, 0.71× on "
+    "- **D-RTRL** costs about what BPTT does at H = 128 (0.82× on the GRU, 0.77× on the RLIF net, 0.68× on "
     "the feed-forward LIF net; 0.41–0.65× with the loss at the last step), and its memory does not grow with "
     "T; at H = 512 it takes 0.66–1.59× (0.37–1.18× with the loss at the last step).",
-    "- **ES-D-RTRL** takes 0.50–0.61× BPTT's time at T = 200 in the table and 0.44–0.57× at T = 2000 "
-    "(0.20–0.32× with the loss at the last step): under the 0.6× target on the feed-forward LIF net (0.50× "
-    "in the table, 0.52–0.66× in single A/B runs, since its input product became one GEMM per chunk), on "
-    "it on the RLIF net (0.60×; single runs 0.54–0.70×) and the GRU (0.61×; 0.59–0.64×), all on the seventh "
-    "session's machine, after the readout's pull-back began to read a transposed copy of its weight (the "
-    "sixth session's machine read 0.69–0.75× on the LIF net before both). Per step it runs the forward pass and "
+    "- **ES-D-RTRL** takes 0.49–0.62× BPTT's time at T = 200 in the table and 0.41–0.54× at T = 2000 "
+    "(0.20–0.32× with the loss at the last step): under the 0.6× target on the feed-forward LIF net (0.49×) "
+    "and the RLIF net (0.56×), on it on the GRU (0.62× in the table; 0.56× in a run of the same code two "
+    "minutes before, 0.58–0.71× in single A/B runs that day). The same rows read 0.50 / 0.60 / 0.61× on the "
+    "seventh session's machine (2026-11-26) and 0.62 / 0.70 / 0.66× (LIF / RLIF / GRU) on the eighth's an hour "
+    "before its step loop stopped copying the traces it advances (the last bullets of the section below): "
+    "the machine and the hour move these rows by ±0.05. Per step it runs the forward pass and "
     "the pull-back for its learning signal (docs/theory.md §5.8), the reverse step BPTT's backward pass "
     "runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight gradient, "
-    "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become batched GEMMs. The GRU, whose "
-    "steps are bound by their products, sits on that floor (0.58–0.64×). On the feed-forward LIF net the "
-    "per-step kernels set the pace (the step loop alone takes 0.55–0.61×, `es_floor.py`). A third machine of "
-    "the same kind (2026-11-27) read 0.66× on the GRU, 0.62× on the LIF net and 0.70× on the RLIF net, D-RTRL "
-    "0.93–1.01× (the last bullet of the section below).",
+    "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become "
+    "batched GEMMs. The GRU, whose steps are bound by their products, sits on that floor (0.56–0.66×). On "
+    "the feed-forward LIF net the per-step kernels set the pace (the step loop alone takes 0.55–0.61×, "
+    "`es_floor.py`).",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT at T = 200 and 0.46–0.52× at T = 2000, D-RTRL 0.85–1.02× and 0.62–0.74×; "
     "before the sixth session a branch per step made it cost more (ES-D-RTRL on the GRU 0.77×, D-RTRL on the "
@@ -524,7 +525,7 @@ READING = [
     "before any weight gradient; the rule's GEMM, `(65 × 1600)(1600 × 128)` per chunk, adds 0.12× (0.17× "
     "before its rows were merged; the same run's ES-D-RTRL read 0.78× where `speed.py` read 0.75× an hour "
     "earlier: the machine's noise). The GRU, "
-    "whose steps are GEMM-bound, sits at the target (0.60–0.61×). An earlier version of this page "
+    "whose steps are GEMM-bound, sits at the target (0.56–0.62×). An earlier version of this page "
     "(2026-11-24) called 0.78× / 0.69× a floor: that floor still buffered `D`, `Df` and `G` for a chunk "
     "rule, which ES-D-RTRL no longer does (GRU 0.84× → 0.73–0.78×, LIF 1.04× → 0.69–0.85× on 2026-11-25; the "
     "machine's noise is the spread); the 2026-11-25 version of this table read 0.79 / 0.78 / 0.71.",
@@ -842,7 +843,7 @@ def work_section() -> list[str]:
         "it on the sixth session's machine (0.69–0.74×, 0.72–0.80× before; `es_floor.py`'s step loop alone "
         "0.60×) and on it on the seventh's, after its readout's pull-back began to read a transposed copy of "
         "the weight (0.57–0.74× in single runs, 0.59× in the table), and under it once its input product, "
-        "which reads the inputs alone, became one GEMM per chunk (0.50× in the table, 0.52–0.66× in single "
+        "which reads the inputs alone, became one GEMM per chunk (0.49–0.50× in the table, 0.51–0.66× in single "
         "runs; the rows below count that product as batched since). Under "
         "0.6× with room on that net a form of the rule needs fewer thin products or kernels per step than one forward "
         "pass and one pull-back: a split of the step loop by the model's structure (`es_handwritten.py`: "
