@@ -8,7 +8,7 @@ this module only. Tested against the JAX range pinned in ``pyproject.toml``; rea
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import jax
 from jax.extend.core import (  # noqa: F401  (re-exported for the compiler)
@@ -39,6 +39,7 @@ __all__ = [
     "interpret",
     "is_nested_jit",
     "jaxprs_in_params",
+    "live_equations",
     "nested_jit_jaxpr",
     "Jaxpr",
     "JaxprEqn",
@@ -204,6 +205,8 @@ def interpret(
     *,
     override: Callable[[int, JaxprEqn, list[Any]], list[Any] | None] | None = None,
     on_write: Callable[[Any, Any], Any] | None = None,
+    wanted: Collection[Any] | None = None,
+    given: Collection[int] = (),
 ) -> list[Any]:
     """Evaluate ``jaxpr`` equation by equation, with hooks for the compiler's rewrites.
 
@@ -211,11 +214,21 @@ def interpret(
     binding it (``None``: bind as usual). ``on_write(var, value)`` sees every value
     stored in a variable (inputs included) and returns the value to store. Traced
     under ``jax.make_jaxpr`` this produces the rewritten jaxpr.
+
+    ``wanted``: variables (outputs or intermediates) whose values are needed; only the
+    equations they depend on run, and an output that is not needed reads ``None``
+    (default: all). ``given``: equations whose outputs ``override`` gives without
+    reading their inputs, so what feeds them alone does not run (their ``invals`` read
+    ``None`` where not computed).
     """
     env: dict[Any, Any] = {}
+    live = None if wanted is None else live_equations(jaxpr, wanted, given)
 
     def read(var):
         return var.val if isinstance(var, Literal) else env[var]
+
+    def peek(var):
+        return var.val if isinstance(var, Literal) else env.get(var)
 
     def write(var, value):
         if isinstance(var, DropVar):
@@ -227,13 +240,29 @@ def interpret(
     for var, value in zip(jaxpr.invars, args):
         write(var, value)
     for index, eqn in enumerate(jaxpr.eqns):
-        invals = [read(var) for var in eqn.invars]
+        if live is not None and index not in live:
+            continue
+        invals = [peek(var) if index in given else read(var) for var in eqn.invars]
         outvals = override(index, eqn, invals) if override is not None else None
         if outvals is None:
             outvals = eval_equation(eqn, invals)
         for var, value in zip(eqn.outvars, outvals):
             write(var, value)
-    return [read(var) for var in jaxpr.outvars]
+    return [read(var) if live is None else peek(var) for var in jaxpr.outvars]
+
+
+def live_equations(jaxpr: Jaxpr, wanted: Collection[Any], given: Collection[int] = ()) -> set[int]:
+    """The indices of the equations of ``jaxpr`` that the variables ``wanted`` depend
+    on; a ``given`` equation's inputs are not followed (its outputs come from elsewhere)."""
+    needed = {var for var in wanted if not isinstance(var, Literal)}
+    live = set()
+    for index in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[index]
+        if any(var in needed for var in eqn.outvars if not isinstance(var, DropVar)):
+            live.add(index)
+            if index not in given:
+                needed.update(var for var in eqn.invars if not isinstance(var, Literal))
+    return live
 
 
 # Equations that only reshape, cast or broadcast their one operand: an output made by a

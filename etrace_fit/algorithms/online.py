@@ -364,15 +364,20 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         h_prev = [[leaves[state_position[path]] for path in g.paths] for g in groups]
         ys = [captured[eqns[i].outvars[0]] for i in relation_eqns]
 
-        def transitions(h_groups, ys_):
+        def transitions(h_groups, ys_, reading):
+            """The new states of the groups ``reading`` (positions; the others ``None``)
+            and, with a readout memory, the readout's input: only the equations these
+            read are traced (``cut_step``'s ``outputs``)."""
             step_leaves = list(leaves)
             for group, hs in zip(groups, h_groups):
                 for path, h in zip(group.paths, hs):
                     step_leaves[state_position[path]] = h
             inputs_of = {readout.readout: None} if memory_pairs else None
+            positions = {n: [num_outputs + state_position[path] for path in g.paths] for n, g in enumerate(groups)
+                         if n in reading}
             outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)),
-                            inputs_of=inputs_of)
-            new = [[outs[num_outputs + state_position[path]] for path in g.paths] for g in groups]
+                            inputs_of=inputs_of, outputs=[p for n in sorted(positions) for p in positions[n]])
+            new = [[outs[p] for p in positions[n]] if n in positions else None for n in range(len(groups))]
             return new + ([inputs_of[readout.readout][readout_x_index]] if memory_pairs else [])
 
         # One forward-mode pass per direction (a ones tangent on one state of one
@@ -381,45 +386,49 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         # vmapped pass over stacked one-hot tangents made XLA fold those into constant
         # arrays (directions × B × units) that every derivative's kernel read from
         # memory at every step (ES-D-RTRL on the demo's model: 20–21 → 17.5 ms a batch).
+        # Each pass evaluates only the transitions whose derivatives are read (its own
+        # group's; a relation's: the groups of its pairs), not the whole step again.
         directions = [("h", n, s) for n, g in enumerate(groups) if g.elementwise for s in range(g.num_states)]
         directions += [("y", m, None) for m in range(len(ys))]
 
         def column(kind, i, s):
+            if kind == "y":
+                reading = {groups.index(pair.group) for pair in pairs if pair.relation.eqn_index == relation_eqns[i]}
+            else:
+                reading = {i}
+
             def perturbed(value):
                 if kind == "y":
-                    return transitions(h_prev, [value if m == i else y for m, y in enumerate(ys)])
+                    return transitions(h_prev, [value if m == i else y for m, y in enumerate(ys)], reading)
                 return transitions([[value if (n, q) == (i, s) else h for q, h in enumerate(hs)]
-                                    for n, hs in enumerate(h_prev)], ys)
+                                    for n, hs in enumerate(h_prev)], ys, reading)
 
             value = ys[i] if kind == "y" else h_prev[i][s]
             return jax.jvp(perturbed, (value,), (jnp.ones_like(value),))[1]
 
-        columns = [column(*d) for d in directions]
-        # outs[n][s][d]: the tangent of output (n, s) in direction d (as the vmapped
-        # pass laid them out).
-        outs = jax.tree.map(lambda *per_direction: per_direction, *columns) if directions else None
+        # columns[d][n][s]: the tangent of group n's state s in direction d (n =
+        # len(groups): the readout's input).
+        columns = {d: column(*d) for d in directions}
         jacobians, memory = {}, {}
         if memory_pairs:  # ∂u/∂h^{t-1} per state of each group read, ∂u/∂y per relation
-            u_of = outs[len(groups)]
             for n, group in enumerate(groups):
                 if group.index in readout.reading:
-                    memory[group.index] = [u_of[directions.index(("h", n, s))] for s in range(group.num_states)]
+                    memory[group.index] = [columns[("h", n, s)][len(groups)] for s in range(group.num_states)]
             for m, eqn_index in enumerate(relation_eqns):
-                memory[("y", eqn_index)] = u_of[directions.index(("y", m, None))]
+                memory[("y", eqn_index)] = columns[("y", m, None)][len(groups)]
         for n, group in enumerate(groups):
             states = range(group.num_states)
             if not group.elementwise:  # units mix: the exact per-unit blocks, at a cost
                 full = group_jacobian(module, group, leaves, input_leaves)
                 jacobians[group.index] = [[full[..., s, r] for r in states] for s in states]
                 continue
-            jacobians[group.index] = [[outs[n][s][directions.index(("h", n, r))] for r in states] for s in states]
+            jacobians[group.index] = [[columns[("h", n, r)][n][s] for r in states] for s in states]
         sensitivities = {}
         for m, eqn_index in enumerate(relation_eqns):
             for pair in pairs:
                 if pair.relation.eqn_index == eqn_index:
                     n = groups.index(pair.group)
-                    sensitivities[pair.index] = [outs[n][s][directions.index(("y", m, None))]
-                                                 for s in range(pair.group.num_states)]
+                    sensitivities[pair.index] = [columns[("y", m, None)][n][s] for s in range(pair.group.num_states)]
         return jacobians, sensitivities, memory
 
     def readout_sensitivity(leaves, input_leaves, h_new):

@@ -46,11 +46,15 @@ def is_elementwise(eqn: Any) -> bool:
 
 
 def cut_step(module: Any, state_leaves: list[Any], input_leaves: list[Any], *, replace: dict[int, Any] | None = None,
-             inputs_of: dict[int, Any] | None = None) -> list[Any]:
+             inputs_of: dict[int, Any] | None = None, outputs: list[int] | None = None) -> list[Any]:
     """Evaluate the step with every boundary op's output held constant for
     differentiation (``stop_gradient``); ``replace`` maps an equation index to the
     value its output takes instead (the ``y`` of a relation). Returns all outputs;
-    ``inputs_of``'s keys (equation indices) are filled with those equations' inputs."""
+    ``inputs_of``'s keys (equation indices) are filled with those equations' inputs.
+    ``outputs``: the positions of the outputs needed (default: all); only what they and
+    ``inputs_of`` read runs (a replaced equation's inputs are not computed), and the
+    other outputs are ``None``: a forward-mode pass through one state's transition then
+    traces that transition, not the whole step again."""
     replace = replace or {}
 
     def override(index, eqn, invals):
@@ -63,4 +67,10 @@ def cut_step(module: Any, state_leaves: list[Any], input_leaves: list[Any], *, r
         return None
 
     closed = module.closed_jaxpr
-    return _compat.interpret(closed.jaxpr, list(closed.consts), [*input_leaves, *state_leaves], override=override)
+    jaxpr, wanted = closed.jaxpr, None
+    if outputs is not None:
+        wanted = [jaxpr.outvars[n] for n in outputs]
+        for index in inputs_of or ():  # it runs, on its computed inputs
+            wanted += [*jaxpr.eqns[index].invars, *jaxpr.eqns[index].outvars]
+    return _compat.interpret(jaxpr, list(closed.consts), [*input_leaves, *state_leaves], override=override,
+                             wanted=wanted, given=set(replace) - set(inputs_of or ()))

@@ -153,7 +153,7 @@ def group_transition(module: ModuleInfo, group: HiddenGroup):
         leaves = list(state_leaves)
         for s, path in enumerate(group.paths):
             leaves[positions[path]] = h_prev[..., s]
-        outs = cut_step(module, leaves, list(input_leaves))
+        outs = cut_step(module, leaves, list(input_leaves), outputs=[out_positions[path] for path in group.paths])
         return jnp.stack([outs[out_positions[path]] for path in group.paths], axis=-1)
 
     return transition

@@ -207,7 +207,8 @@ def _transition_jaxpr(module: ModuleInfo, eqn_index: int, y_aval: Any, group: Hi
     input_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in module.input_vars]
 
     def transition(y, *rest):
-        outs = cut_step(module, list(rest[: len(state_avals)]), list(rest[len(state_avals) :]), replace={eqn_index: y})
+        outs = cut_step(module, list(rest[: len(state_avals)]), list(rest[len(state_avals) :]), replace={eqn_index: y},
+                        outputs=[out_positions[path] for path in group.paths])
         return jnp.stack([outs[out_positions[path]] for path in group.paths], axis=-1)
 
     return jax.make_jaxpr(transition)(jax.ShapeDtypeStruct(y_aval.shape, y_aval.dtype), *state_avals, *input_avals)

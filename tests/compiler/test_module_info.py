@@ -300,3 +300,34 @@ def test_an_etp_op_in_a_nested_jit_is_inlined(env64, helper):
     expected = model(x)
     assert np.array_equal(np.asarray(out), np.asarray(expected))
     assert np.array_equal(np.asarray(new[leaf_positions(graph.module)[("h",)]]), np.asarray(model.h.value))
+
+
+def test_a_cut_step_asked_for_some_outputs_runs_only_what_they_read(env64):
+    """``cut_step(outputs=...)``: the outputs asked for equal the whole step's, bit for
+    bit, the others are ``None``, and the traced evaluation holds only the equations
+    those outputs depend on: with the input product's output given, the ALIF's new
+    ``a`` needs no product (the readout's) and fewer equations than its new ``V``."""
+    from etrace_fit.compiler._dataflow import cut_step
+
+    model, x = _alif_model()
+    module = module_info(model, x)
+    leaves, inputs = module.state_leaves(), [x]
+    offsets, first = module.leaf_offsets, len(module.output_vars)
+    a_out, v_out = first + offsets[("layers", 1, "a")], first + offsets[("layers", 1, "V")]
+    whole = cut_step(module, leaves, inputs)
+    some = cut_step(module, leaves, inputs, outputs=[a_out])
+    assert np.array_equal(np.asarray(some[a_out]), np.asarray(whole[a_out]))
+    assert some[v_out] is None and all(value is None for value in some[:first])
+
+    eqns = module.closed_jaxpr.jaxpr.eqns
+    product = next(i for i, e in enumerate(eqns) if e.primitive.name.startswith("etp"))  # the input product
+    y = jnp.zeros(eqns[product].outvars[0].aval.shape)
+
+    def traced(outputs):
+        jaxpr = jax.make_jaxpr(lambda v: cut_step(module, leaves, inputs, replace={product: v}, outputs=outputs))(y)
+        return [e.primitive.name for e in jaxpr.jaxpr.eqns]
+
+    whole_step, only_a = traced(None), traced([a_out])
+    assert any(name.startswith("etp") for name in whole_step)  # the readout's product
+    assert not any(name.startswith("etp") or name == "dot_general" for name in only_a), only_a
+    assert len(only_a) < len(traced([v_out])) < len(whole_step)
