@@ -339,7 +339,11 @@ SUMMARY = [
     "0.99–1.13× BPTT's and it compiled in 2.1–2.7 s against 1.2–1.4 s: 1.01× BPTT's whole run, 1.24× to 0.93 "
     "(before its step loop stopped copying the readout's trace each step; after it, the batch 0.85× BPTT's on "
     "a quieter hour, and the demo again 1.01× BPTT's whole run, 1.34× to 0.93: its first epoch ended at "
-    "5.6–6.7 s against 3.6–4.1 s, its later epochs took 0.89–1.7 s against 1.1–1.5 s).",
+    "5.6–6.7 s against 3.6–4.1 s, its later epochs took 0.89–1.7 s against 1.1–1.5 s). A ninth session "
+    "(2026-11-27, the same machine) measured 0.93× and 1.06× BPTT's whole run in two runs of three seeds, "
+    "1.32× and 1.29× to 0.93: every seed reaches 0.93 in the same epoch under both (the first or the third), "
+    "so the start decides it, and the online step's start is its compile (2.3–2.5 s against 1.2–1.4 s, "
+    "102 fusions against 55), not its tracing (next section's last bullet).",
     "- **Everything else the issue asks for holds**: the loss-at-the-last-step targets, flat temp memory in "
     "T, the Trainer's overhead (1.04–1.07× the bare step), and chunked equal to per-step in float64.",
 ]
@@ -684,6 +688,22 @@ READING = [
     "the LIF net, 0.70× on the RLIF net; D-RTRL 1.01×, 0.93×, 0.97×; BPTT's GRU sequence 59 ms there against "
     "47–50 ms on the seventh session's machine. The demo there: hybrid 0.982 in 22.2 s against BPTT's 0.980 "
     "in 21.9 s (1.01×), 1.24× to 0.93; its step 0.99–1.13× BPTT's batch in three A/B runs.",
+    "- Since 2026-11-27 (a ninth session) a forward-mode pass that gives one state's `D` or one relation's "
+    "`Df` evaluates only the transitions it differentiates (`cut_step`'s `outputs`), not the whole step: "
+    "one pass per state and per relation over the whole step had made the traced step grow with the square "
+    "of the depth. JAX removed that dead code before lowering (the lowered and compiled programs are the "
+    "same, the numbers identical), so only the tracing got shorter. Trace and lower of the Trainer's step, "
+    "alternated in one process: the demo's 0.81–0.87 → 0.77 s (its compile 2.3–2.5 s either way); "
+    "Linear/ALIF(128) × 3 + readout 1.81 → 1.42 s, × 5 2.80 → 1.83 s; `compile_graph` on "
+    "`compile_time.py`'s net 0.056 → 0.027 s. `test_traced_size.py` holds the traced products and "
+    "exponentials to the same growth per layer (1, 2, 3 layers). Where the demo's start goes now, in a "
+    "one-epoch fit: the step's compile 2.4 s against BPTT's 1.36 s, its tracing 0.44 s against 0.23 s, "
+    "the other programs (the validation's forward pass 0.6 s, the learning-rate schedule evaluated at the "
+    "optimizer's start, ~10 one-op programs at ~30 ms each) alike under both. Tried and reverted the same "
+    "day: the remainder of the 229 steps before the last (one step) run with the last step as one chunk of "
+    "two, with the pull-back static at both (compile 2.3 → 2.9 s, 2419 → 2725 HLO instructions) or flagged "
+    "per step (→ 3.0 s, 2772): as on 2026-11-26, the chunk's machinery over two steps costs more to "
+    "compile than two single steps (XLA flattens a one-trip loop).",
 ]
 
 

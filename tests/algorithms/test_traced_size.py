@@ -3,8 +3,9 @@
 Each forward-mode pass that gives a state's ``D`` or a relation's ``Df`` evaluates only
 the transitions it differentiates (``cut_step``'s ``outputs``), not the whole step
 again: a pass per state and per relation over the whole step had made the traced
-program — the time to trace, lower and compile it — grow with the square of the
-number of layers.
+program grow with the square of the number of layers (dead code JAX removes before
+lowering, but the time to trace it was spent: a 5-layer ALIF net's step traced and
+lowered in 2.80 s, 1.83 s after).
 """
 
 import brainstate
