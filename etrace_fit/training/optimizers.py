@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from ..errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "LearningRate", "find_hyperparams", "get_optimizer"]
+__all__ = ["OPTIMIZERS", "LearningRate", "find_hyperparams", "get_optimizer", "initial_state"]
 
 #: Keras name → (optax factory, Keras' default learning rate).
 OPTIMIZERS: dict[str, tuple[Any, float]] = {
@@ -72,13 +73,26 @@ def find_hyperparams(opt_state: Any) -> dict | None:
     return found[0] if found else None
 
 
+def initial_state(optimizer: optax.GradientTransformation, values: Any) -> Any:
+    """``optimizer.init(values)`` as one compiled program. Run eagerly, each of its
+    operations compiled a program of its own at the start of the first ``fit`` (Adam's
+    zeros per weight shape, a schedule's value at step 0 under
+    ``optax.inject_hyperparams``: ~12 one-op programs, ~0.3 s of the demo's first epoch,
+    under every algo alike). An ``init`` that cannot be traced (Python control flow on
+    the values, a state that is not arrays) runs eagerly, as optax allows."""
+    try:
+        return jax.jit(optimizer.init)(values)
+    except TypeError:  # not traceable (JAX raises TypeErrors): eagerly (its own error, if any, from there)
+        return optimizer.init(values)
+
+
 class LearningRate:
     """The Trainer's optimizer state and learning rate (a part of :class:`~etrace_fit.Trainer`)."""
 
     def _init_optimizer(self, values: Any) -> None:
-        """Create the optimizer state over ``values`` and apply a learning rate set
-        before it existed."""
-        self.opt_state = self.optimizer.init(values)
+        """Create the optimizer state over ``values`` (:func:`initial_state`) and apply a
+        learning rate set before it existed."""
+        self.opt_state = initial_state(self.optimizer, values)
         if self._pending_learning_rate is not None:
             self.learning_rate, self._pending_learning_rate = self._pending_learning_rate, None
 

@@ -1,7 +1,6 @@
 """The Trainer's training step: one jitted call per batch that applies the right
 gradient, compiles once per input shape, and reports gradients, trace norms and spikes."""
 
-import contextlib
 import functools
 
 import brainstate
@@ -17,6 +16,8 @@ from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError, ShapeError
 
 from _shared_reference import PSEUDO_DERIVATIVES, spike_function
+
+from ._helpers import counting_compiles
 
 C, H, T = 5, 12, 20
 
@@ -75,22 +76,6 @@ def test_one_sgd_step_applies_the_exact_bptt_gradient():
     assert trainer.last_trace_norms == {} and trainer.rules == {}  # BPTT keeps no traces
 
 
-@contextlib.contextmanager
-def _counting_compiles():
-    """``[n]``: the XLA compilations while the block runs, counted as they happen."""
-    count = [0]
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield count
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 def test_each_batch_is_one_call_and_each_shape_compiles_once():
     """20 samples in batches of 8: shapes 8, 8, 4. Epochs after the first compile nothing."""
     x, y = _data(20)
@@ -126,7 +111,7 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
         def on_epoch_end(self, epoch, logs=None):
             compiles.append(count[0])
 
-    with _counting_compiles() as count:
+    with counting_compiles() as count:
         trainer.fit(x, y, batch_size=8, epochs=3, validation_data=(xv, yv), verbose=0, callbacks=[Marks()])
     assert calls["step"] == 9  # one call per batch, 3 batches x 3 epochs
     # The shape check before the first batch traces the model once and runs nothing.
@@ -221,7 +206,7 @@ def test_the_epoch_end_norm_check_is_exact_in_float64_and_compiles_nothing():
     assert got[1] == max(float(np.max(n)) for n in trainer.last_trace_norms.values())
     jax.clear_caches()  # nothing compiled before counts
     trainer._norms_warned = False
-    with _counting_compiles() as count:
+    with counting_compiles() as count:
         trainer._check_norms(0)
     assert count[0] == 0
 
