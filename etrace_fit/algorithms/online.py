@@ -390,12 +390,12 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         # group's; a relation's: the groups of its pairs), not the whole step again.
         directions = [("h", n, s) for n, g in enumerate(groups) if g.elementwise for s in range(g.num_states)]
         directions += [("y", m, None) for m in range(len(ys))]
+        # driven[m]: (pair, group position) of every pair relation m's output drives
+        driven = [[(pair, groups.index(pair.group)) for pair in pairs if pair.relation.eqn_index == eqn_index]
+                  for eqn_index in relation_eqns]
 
         def column(kind, i, s):
-            if kind == "y":
-                reading = {groups.index(pair.group) for pair in pairs if pair.relation.eqn_index == relation_eqns[i]}
-            else:
-                reading = {i}
+            reading = {n for _, n in driven[i]} if kind == "y" else {i}
 
             def perturbed(value):
                 if kind == "y":
@@ -424,11 +424,9 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                 continue
             jacobians[group.index] = [[columns[("h", n, r)][n][s] for r in states] for s in states]
         sensitivities = {}
-        for m, eqn_index in enumerate(relation_eqns):
-            for pair in pairs:
-                if pair.relation.eqn_index == eqn_index:
-                    n = groups.index(pair.group)
-                    sensitivities[pair.index] = [columns[("y", m, None)][n][s] for s in range(pair.group.num_states)]
+        for m, pairs_driven in enumerate(driven):
+            for pair, n in pairs_driven:
+                sensitivities[pair.index] = [columns[("y", m, None)][n][s] for s in range(pair.group.num_states)]
         return jacobians, sensitivities, memory
 
     def readout_sensitivity(leaves, input_leaves, h_new):

@@ -16,6 +16,7 @@ from ..compiler import format_path
 from ..distributed import is_main_process
 from ..errors import CheckpointError, ConfigError
 from .logs import History
+from .optimizers import initial_state
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -94,9 +95,9 @@ class Persistence:
         differs = [f"{key} {saved.get(key)!r} when saved, {now.get(key)!r} now" for key in
                    ("optimizer", "update_every", "grad_clip") if key in saved and saved.get(key) != now.get(key)]
         if self.update_every is None:
-            target = self.optimizer.init({format_path(p): v for p, v in params.items()})
+            target = initial_state(self.optimizer, {format_path(p): v for p, v in params.items()})
         else:
-            target = self.optimizer.init([leaf for v in params.values() for leaf in jax.tree.leaves(v)])
+            target = initial_state(self.optimizer, [leaf for v in params.values() for leaf in jax.tree.leaves(v)])
         try:
             restored = serialization.from_state_dict(target, state["opt_state"])
             leaves, saved_leaves = jax.tree.leaves(target), jax.tree.leaves(restored)
