@@ -2,7 +2,7 @@
 
     python benchmarks/speed.py [--models gru rlif lif] [--hidden 128 512] [--batch 16 64] [--lengths 200 2000]
         [--loss all last mask] [--repeats 5] [--max-gib 8] [--quick] [--write-docs [--out docs/performance.md]]
-        [--json OUT.json]
+        [--json OUT.json] [--processes N]
 
 Models (I=64 inputs, O=10 outputs, float32): "gru" = ``GRUCell(64, H) → Linear(H, 10)``
 on Gaussian inputs; "rlif" = ``RecurrentLIF(64, H, tau=10) → Linear(H, 10)`` on
@@ -25,7 +25,11 @@ reports medians of CPU time (``time.process_time``, all threads of the process) 
 wall time (``time.perf_counter``), their ratios to BPTT, the XLA temp bytes of each
 compiled program (``compiled.memory_analysis().temp_size_in_bytes``), and the peak RSS
 of the process at the end. A configuration whose estimated memory exceeds ``--max-gib``
-is skipped (and listed as such). ``--quick``: H=128, B=16, T=200, 3 repeats (a smoke
+is skipped (and listed as such). ``--processes N``: each configuration is measured in N
+fresh processes instead, the k-th building and running the rules in their order turned
+k places (BPTT first, then last, ...): a program's time had moved by up to 20 % with
+the order programs were built and run in one process; the tables give the median over
+processes of each ratio, the targets also its range. ``--quick``: H=128, B=16, T=200, 3 repeats (a smoke
 test). Progress goes to stderr; the Markdown report to stdout, or to ``--out`` with
 ``--write-docs`` (plus a PNG of the wall-time ratios next to it if matplotlib is there).
 """
@@ -40,6 +44,7 @@ import pathlib
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -164,8 +169,13 @@ def timed(compiled, args) -> tuple[float, float]:
     return time.process_time() - c0, time.perf_counter() - w0
 
 
-def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats: int, max_bytes: float) -> dict:
+def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats: int, max_bytes: float,
+            order: int = 0) -> dict:
+    """One configuration in this process: the rules compiled and run in the order of
+    :data:`RULES` turned ``order`` places (0: BPTT first), interleaved for ``repeats``
+    rounds."""
     config = {"model": name, "H": hidden, "B": batch, "T": length, "loss": loss}
+    rotated = RULES[order % len(RULES):] + RULES[:order % len(RULES)]
     label = f"{name} H={hidden} B={batch} T={length} {loss}"
     estimate = estimate_bytes(name, hidden, batch, length)
     if estimate > max_bytes:
@@ -176,7 +186,8 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
     if name in SPIKING:
         config["firing_rate"] = firing_rate(model, xs, batch)
         log(f"  {label}: mean firing rate {config['firing_rate']:.1%}")
-    programs = {rule: compile_rule(model, rule, xs, ys, loss) for rule in RULES}
+    log(f"  {label}: rules built and run in the order {', '.join(rotated)}")
+    programs = {rule: compile_rule(model, rule, xs, ys, loss) for rule in rotated}
     largest = max(temp for _, _, temp, _ in programs.values())
     if largest > max_bytes:  # the estimate was too low: XLA's own count decides
         log(f"  {label}: skipped (XLA temp {largest / GiB:.1f} GiB)")
@@ -192,7 +203,7 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
             wall[rule].append(w)
     results = {rule: {"cpu": cpu[rule], "wall": wall[rule], "cpu_median": statistics.median(cpu[rule]),
                       "wall_median": statistics.median(wall[rule]), "temp": programs[rule][2],
-                      "chunk": programs[rule][3]} for rule in RULES}
+                      "chunk": programs[rule][3]} for rule in RULES}  # the tables' order, whatever the run's
     base = results["bptt"]
     for rule, r in results.items():
         r["cpu_ratio"] = r["cpu_median"] / base["cpu_median"]
@@ -201,6 +212,53 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
         log(f"  {label} {rule}: wall {r['wall_median'] * 1e3:.1f} ms "
             f"({r['wall_ratio']:.2f}× bptt), temp {r['temp'] / MiB:.1f} MiB")
     return {**config, "repeats": repeats, "rules": results}
+
+
+def in_processes(config: tuple, processes: int, repeats: int, max_bytes: float) -> dict:
+    """One configuration measured in ``processes`` fresh Python processes, the k-th
+    compiling and running the rules in :data:`RULES`' order turned k places, pooled by
+    :func:`pooled`. In one process a program's time had moved by up to 20 % with the
+    order the programs were built and run in (docs/performance.md), which one process
+    cannot tell from the rules' own difference."""
+    name, hidden, batch, length, loss = config
+    entries = []
+    for k in range(processes):
+        spec = json.dumps({"config": list(config), "repeats": repeats, "max_bytes": max_bytes, "order": k})
+        done = subprocess.run([sys.executable, "-W", "ignore", __file__, "--one", spec], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} H={hidden} B={batch} T={length} {loss}, process {k + 1}: "
+                               f"{done.stderr[-2000:]}")
+        sys.stderr.write(done.stderr)
+        entries.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return pooled(entries)
+
+
+def pooled(entries: list[dict]) -> dict:
+    """Several processes' measurements of one configuration as one: per rule the
+    medians over processes of its median times and of its ratios to BPTT (each
+    process's ratio is of programs it ran side by side), every process's ratios kept
+    (``wall_ratios``, ``cpu_ratios``) and all rounds' times; temp and chunk are the
+    compiled program's, the same in each."""
+    if len(entries) == 1 or "rules" not in entries[0]:
+        return entries[0]
+    rules = {}
+    for rule in RULES:
+        runs = [e["rules"][rule] for e in entries]
+        rules[rule] = {"cpu": [t for r in runs for t in r["cpu"]], "wall": [t for r in runs for t in r["wall"]],
+                       "cpu_median": statistics.median(r["cpu_median"] for r in runs),
+                       "wall_median": statistics.median(r["wall_median"] for r in runs),
+                       "temp": runs[0]["temp"], "chunk": runs[0]["chunk"], "temp_ratio": runs[0]["temp_ratio"],
+                       "cpu_ratios": [r["cpu_ratio"] for r in runs], "wall_ratios": [r["wall_ratio"] for r in runs],
+                       "cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs),
+                       "wall_ratio": statistics.median(r["wall_ratio"] for r in runs)}
+    return {**entries[0], "processes": len(entries), "rules": rules}
+
+
+def spread(r: dict, key: str = "wall") -> str:
+    """`` (low–high, N processes)`` after a pooled ratio, else nothing."""
+    ratios = r.get(f"{key}_ratios")
+    return f" ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} processes)" if ratios else ""
 
 
 def find(results, **config):
@@ -220,7 +278,8 @@ def targets_table(results) -> list[str]:
             continue
         r = entry["rules"][rule]
         verdict = "PASS" if r["wall_ratio"] <= bound else "MISS"
-        lines.append(f"| {title} | {name} | {r['wall_ratio']:.2f} (wall) | {r['cpu_ratio']:.2f} | {verdict} |")
+        lines.append(f"| {title} | {name} | {r['wall_ratio']:.2f} (wall){spread(r)} | {r['cpu_ratio']:.2f} | "
+                     f"{verdict} |")
     notes = []
     for name, loss in [(name, loss) for name in MODELS for loss in ("all", "last")]:
         # temp memory flat in T for the online rules, wherever the loss is; BPTT's for contrast
@@ -914,7 +973,9 @@ def markdown(results, args, command: str, peak_rss: int, figure: str, date: str 
         "## Targets",
         "",
         "At H = 128, B = 16, T = 200 (wall-time ratio decides; CPU ratio alongside). Machines are shared and "
-        "noisy: compare ratios measured side by side, not absolute times.",
+        "noisy: compare ratios measured side by side, not absolute times. A row measured in several fresh "
+        "processes (`--processes`, the rules built and run in a turned order in each) gives the median of the "
+        "processes' ratios and their range.",
         "",
         *targets_table(results),
         "",
@@ -939,10 +1000,21 @@ def main() -> None:
     parser.add_argument("--out", default="docs/performance.md")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--from-json", help="render the Markdown (and plot) from a --json file instead of measuring")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="measure each configuration in this many fresh processes, the rules built in a turned "
+                             "order in each; ratios are the median over processes, with their range")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a process of --processes: one configuration as JSON
     parser.add_argument("--merge", action="store_true",
                         help="with --json: replace the configurations measured now in that file's results and keep "
                              "the others (e.g. the target row again with more rounds); the Markdown shows them all")
     args = parser.parse_args()
+    if args.one:
+        spec = json.loads(args.one)
+        brainstate.environ.set(dt=1.0)
+        print(json.dumps(measure(*spec["config"], spec["repeats"], spec["max_bytes"], order=spec["order"])))
+        return
+    if args.processes < 1:
+        parser.error(f"--processes must be at least 1, got {args.processes}")
     if args.quick:
         args.hidden, args.batch, args.lengths = [128], [16], [200]
     if args.repeats is None:
@@ -963,11 +1035,17 @@ def main() -> None:
     else:
         for n, (name, hidden, batch, length, loss) in enumerate(grid, 1):
             log(f"[{n}/{len(grid)}] {name} H={hidden} B={batch} T={length} loss={loss}")
-            results.append(measure(name, hidden, batch, length, loss, args.repeats, args.max_gib * GiB))
-        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+            if args.processes > 1:
+                results.append(in_processes((name, hidden, batch, length, loss), args.processes, args.repeats,
+                                            args.max_gib * GiB))
+            else:
+                results.append(measure(name, hidden, batch, length, loss, args.repeats, args.max_gib * GiB))
+        peak_rss = max(resource.getrusage(who).ru_maxrss  # KiB on Linux; --processes: the largest child's
+                       for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
     meta = {"command": command, "cpus": os.cpu_count(), "jax": jax.__version__,
-            "date": date or datetime.date.today().isoformat(), "peak_rss_kib": peak_rss, "repeats": args.repeats}
+            "date": date or datetime.date.today().isoformat(), "peak_rss_kib": peak_rss, "repeats": args.repeats,
+            "processes": args.processes}
     if args.from_json:
         meta = saved["meta"]
     elif args.merge:

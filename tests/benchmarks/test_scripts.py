@@ -282,3 +282,55 @@ def test_work_script_counts_the_demos_training_step(tmp_path):
     # the hybrid's D-RTRL trace per sample: batched products BPTT does not have
     assert demo["hybrid"]["batched"] > 0 == demo["bptt"]["batched"]
     assert "| hybrid |" in result.stdout
+
+
+def test_pooled_processes_give_the_median_ratio_and_its_range():
+    """``speed.py --processes``: a configuration measured in several processes reads as
+    the median of the processes' ratios (each of programs run side by side), with every
+    process's ratio and round kept; the targets table shows the range and judges the
+    median. One process, or a skipped configuration, stays as measured."""
+    speed = _speed_script()
+
+    def entry(esd_ratio, order):
+        rules = {}
+        for rule in speed.RULES:
+            ratio = {"bptt": 1.0, "d_rtrl": 0.7, "esd_rtrl": esd_ratio}[rule]
+            rules[rule] = {"cpu": [0.01 * ratio], "wall": [0.02 * ratio, 0.03 * ratio], "cpu_median": 0.01 * ratio,
+                           "wall_median": 0.02 * ratio, "temp": 1000, "chunk": None if rule == "bptt" else 100,
+                           "temp_ratio": 1.0, "cpu_ratio": ratio, "wall_ratio": ratio}
+        return {"model": "gru", "H": 128, "B": 16, "T": 200, "loss": "all", "repeats": 2, "order": order,
+                "rules": rules}
+
+    entries = [entry(0.62, 0), entry(0.55, 1), entry(0.58, 2)]
+    result = speed.pooled(entries)
+    esd = result["rules"]["esd_rtrl"]
+    assert result["processes"] == 3
+    assert esd["wall_ratio"] == 0.58 and esd["wall_ratios"] == [0.62, 0.55, 0.58] and esd["cpu_ratio"] == 0.58
+    assert len(esd["wall"]) == 6 and esd["temp"] == 1000 and esd["chunk"] == 100
+    row = next(line for line in speed.targets_table([result])
+               if line.startswith("| ES-D-RTRL ≤ 0.6× BPTT (loss all)") and "| gru |" in line)
+    assert "0.58 (wall) (0.55–0.62, 3 processes)" in row and row.endswith("| PASS |")
+    assert speed.pooled(entries[:1]) is entries[0]
+    skipped = {"model": "gru", "H": 512, "B": 64, "T": 2000, "loss": "all", "skipped": "would need 9 GiB"}
+    assert speed.pooled([skipped, skipped]) is skipped
+
+
+@pytest.mark.slow
+def test_speed_script_measures_a_configuration_in_processes_with_the_rules_in_turned_orders(tmp_path):
+    import json
+
+    saved = tmp_path / "speed.json"
+    result = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--models", "lif",
+                             "--loss", "last", "--repeats", "1", "--processes", "2", "--json", str(saved)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "in the order bptt, d_rtrl, esd_rtrl" in result.stderr
+    assert "in the order d_rtrl, esd_rtrl, bptt" in result.stderr
+    data = json.loads(saved.read_text())
+    (entry,) = data["results"]
+    assert entry["processes"] == 2 and data["meta"]["processes"] == 2
+    assert all(len(entry["rules"][rule]["wall_ratios"]) == 2 for rule in ("d_rtrl", "esd_rtrl"))
+    assert "processes)" in result.stdout  # the targets table shows the range
+    refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--processes", "0"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--processes must be at least 1" in refused.stderr
