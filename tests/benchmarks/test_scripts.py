@@ -334,3 +334,45 @@ def test_speed_script_measures_a_configuration_in_processes_with_the_rules_in_tu
     refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--processes", "0"],
                              cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--processes must be at least 1" in refused.stderr
+
+
+@pytest.mark.slow
+def test_kernels_script_breaks_a_program_and_a_compilation_down():
+    """benchmarks/kernels.py reads XLA's per-kernel events (a flag it sets before JAX
+    starts): a step loop's kernels launch once per step, products and stacking writes
+    are told apart; ``--compile`` gives the compilation's phases."""
+    args = ["benchmarks/kernels.py", "--model", "lif", "--rule", "esd_rtrl", "--hidden", "8", "--batch", "2",
+            "--length", "6", "--calls", "2", "--top", "40"]
+    result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| kind | ms a call | share |" in result.stdout and "| products |" in result.stdout
+    rows = [row for row in (line.split("|") for line in result.stdout.splitlines()) if len(row) == 6
+            and "fusion" in row[1]]  # the kernels' rows: name, kind, ms, launches
+    assert any(int(row[4]) == 6 for row in rows), result.stdout  # a kernel of the 6-step loop, once a step
+    compiled = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/kernels.py", "--demo", "esd_rtrl",
+                               "--compile"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert compiled.returncode == 0, compiled.stderr[-2000:]
+    assert "| FusionCompiler::Compile |" in compiled.stdout and "| Codegen |" in compiled.stdout
+    refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/kernels.py", "--compile"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--demo ALGO" in refused.stderr
+
+
+def test_kernels_script_sorts_kernels_by_kind():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kernels
+
+    assert kernels.kind_of("ynn_fusion.3") == "products" and kernels.kind_of("dot.17") == "products"
+    assert kernels.kind_of("copy.157") == "copies"
+    assert kernels.kind_of("bitcast_dynamic-update-slice_fusion.4") == "stacking writes"
+    assert kernels.kind_of("transpose_copy_fusion.1") == "transposes"
+    assert kernels.kind_of("wrapped_broadcast.8") == "fills" and kernels.kind_of("broadcast_add_fusion") != "fills"
+    assert kernels.kind_of("while.319") == "loop (includes its body)"
+    assert kernels.kind_of("multiply_add_fusion.2") == "other fusions"
+    found = [{"name": "ynn_fusion", "dur": 4000}, {"name": "ynn_fusion", "dur": 2000},
+             {"name": "copy.1", "dur": 2000}, {"name": "while.3", "dur": 9000}, {"name": "$python frame", "dur": 1e6}]
+    table = kernels.kernel_table(found, calls=2, top=5)
+    assert table[0].startswith("kernels: 4.00 ms a call")  # (4 + 2 + 2) µs·1e3 over 2 calls; the loop row apart
+    assert "| products | 3.00 | 75% |" in table and "| copies | 1.00 | 25% |" in table
+    assert "| ynn_fusion | products | 3.000 | 1 |" in table
