@@ -365,24 +365,25 @@ def plot(results, path: pathlib.Path) -> str:
 
 
 SUMMARY = [
-    "## In short (2026-11-27; the H = 128, B = 16 rows with the loss at every step measured on an eighth "
-    "session's machine, the others on 2026-11-26)",
+    "## In short (2026-11-27; the H = 128, B = 16 rows measured in five fresh processes each, the rules built "
+    "in a turned order in each (a tenth session, `--processes 5`); the others on 2026-11-26)",
     "",
-    "- **D-RTRL** costs about what BPTT does at H = 128 (0.82× on the GRU, 0.77× on the RLIF net, 0.68× on "
-    "the feed-forward LIF net; 0.41–0.65× with the loss at the last step), and its memory does not grow with "
-    "T; at H = 512 it takes 0.66–1.59× (0.37–1.18× with the loss at the last step).",
-    "- **ES-D-RTRL** takes 0.49–0.62× BPTT's time at T = 200 in the table and 0.41–0.54× at T = 2000 "
-    "(0.20–0.32× with the loss at the last step): under the 0.6× target on the feed-forward LIF net (0.49×) "
-    "and the RLIF net (0.56×), on it on the GRU (0.62× in the table; 0.56× in a run of the same code two "
-    "minutes before, 0.58–0.71× in single A/B runs that day). The same rows read 0.50 / 0.60 / 0.61× on the "
-    "seventh session's machine (2026-11-26) and 0.62 / 0.70 / 0.66× (LIF / RLIF / GRU) on the eighth's an hour "
-    "before its step loop stopped copying the traces it advances (the last bullets of the section below): "
-    "the machine and the hour move these rows by ±0.05. Per step it runs the forward pass and "
-    "the pull-back for its learning signal (docs/theory.md §5.8), the reverse step BPTT's backward pass "
-    "runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight gradient, "
-    "and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients become "
-    "batched GEMMs. The GRU, whose steps are bound by their products, sits on that floor (0.56–0.66×). On "
-    "the feed-forward LIF net the per-step kernels set the pace (the step loop alone takes 0.55–0.61×, "
+    "- **D-RTRL** costs less than BPTT at H = 128: 0.82× on the GRU, 0.85× on the RLIF net, 0.86× on the "
+    "feed-forward LIF net (medians over processes; single processes 0.73–1.08×), 0.46–0.55× with the loss at "
+    "the last step, 0.60–0.70× at T = 2000; its memory does not grow with T. At H = 512 it takes 0.66–1.59× "
+    "(0.37–1.18× with the loss at the last step).",
+    "- **ES-D-RTRL** takes 0.59× BPTT's time on the feed-forward LIF net, 0.61× on the GRU and 0.63× on the "
+    "RLIF net at T = 200 (single processes 0.50–0.62, 0.58–0.70 and 0.57–0.69×), 0.40–0.52× at T = 2000 and "
+    "0.23–0.25× with the loss at the last step (0.14–0.20× at T = 2000): the 0.6× target holds on the LIF net "
+    "and not on the GRU and RLIF nets, whose medians sit 0.01 and 0.03 above it. Measured in one process with "
+    "BPTT built first, as the tables did until this session, the same code had read 0.49 / 0.56 / 0.62× (LIF / "
+    "RLIF / GRU), and single runs 0.56–0.71× on the GRU: one process's ratio moves with the order the programs "
+    "are built and run in, which five processes in turned orders average out. Per step the rule runs the "
+    "forward pass and the pull-back for its learning signal (docs/theory.md §5.8), the reverse step BPTT's "
+    "backward pass runs: 0.53–0.57× of the multiply-adds BPTT does in per-step products, before any weight "
+    "gradient, and 0.81× its kernels (the work section below, counted, not timed). Only the weight gradients "
+    "become batched GEMMs. The GRU and RLIF nets, whose steps are bound by their products, sit on that floor; "
+    "on the feed-forward LIF net the per-step kernels set the pace (the step loop alone takes 0.55–0.61×, "
     "`es_floor.py`).",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT at T = 200 and 0.46–0.52× at T = 2000, D-RTRL 0.85–1.02× and 0.62–0.74×; "
@@ -402,7 +403,17 @@ SUMMARY = [
     "(2026-11-27, the same machine) measured 0.93× and 1.06× BPTT's whole run in two runs of three seeds, "
     "1.32× and 1.29× to 0.93: every seed reaches 0.93 in the same epoch under both (the first or the third), "
     "so the start decides it, and the online step's start is its compile (2.3–2.5 s against 1.2–1.4 s, "
-    "102 fusions against 55), not its tracing (next section's last bullet).",
+    "102 fusions against 55), not its tracing (next section's last bullet). A tenth session (2026-11-27, the "
+    "same kind of machine): 0.92× BPTT's whole run, 1.03× to 0.93 (6.8 s against 6.6 s; its first epoch "
+    "4.7–6.3 s against 4.0–4.4 s, its later ones 0.85–1.1 s against 1.3–1.5 s on two seeds), and in the "
+    "table's run an hour later, with e-prop between them, 1.06× and 1.28× (first epochs 5.1–6.1 s against "
+    "3.8–4.0 s, later ones 1.1–1.4 s against 1.2–1.4 s); with a compile "
+    "cache the runs share (`demo.py --compile-cache fresh`: each algo's first seed compiles, the others "
+    "read), 0.89× and 1.02×, the warm first epochs 2.3–2.5 s against 2.0–2.3 s: tracing and lowering the "
+    "online step (0.7–1.0 s against 0.3–0.4 s) still costs what its faster epochs save by the third. Its "
+    "step's compile, split by `benchmarks/kernels.py --compile`: 110 fusions emitted in 1.22 s (summed over "
+    "the threads) and LLVM's code generation 1.08 s, against BPTT's 73 in 0.90 s and 0.63 s; the HLO passes "
+    "0.22 s against 0.08 s.",
     "- **Everything else the issue asks for holds**: the loss-at-the-last-step targets, flat temp memory in "
     "T, the Trainer's overhead (1.04–1.07× the bare step), and chunked equal to per-step in float64.",
 ]
@@ -765,6 +776,29 @@ READING = [
     "two, with the pull-back static at both (compile 2.3 → 2.9 s, 2419 → 2725 HLO instructions) or flagged "
     "per step (→ 3.0 s, 2772): as on 2026-11-26, the chunk's machinery over two steps costs more to "
     "compile than two single steps (XLA flattens a one-trip loop).",
+    "- A tenth session (2026-11-27) read each program's kernels with `benchmarks/kernels.py` (XLA's own "
+    "per-kernel events) before changing anything. ES-D-RTRL on the GRU (H = 128, B = 16, T = 200, loss at "
+    "every step): 6 thin products a step after the merge below, 8 before (the three gates' `[x, h]` products, "
+    "the readout's, and their four pull-backs), 55 % of its kernel time, against BPTT's 8 products and 4 per-step "
+    "weight-gradient products (`Xᵀ δ` over 16 rows, 3.4–3.7 ms a call each); the demo's hybrid step: its "
+    "chunks' backward loop (the suffix products, 38 trips of 14 kernels) 14.5 ms of kernel time a call, the "
+    "chunk's four products 10.7 ms, zero-fills and their copies of the step loop's stacked outputs "
+    "(nine `(38, 32, 200)` buffers a chunk) 3–4 ms, transposes of the stacked slabs for the chunk's batched "
+    "products 2–4 ms. The kernels run on both cores side by side, so their sum (55 ms) is not the wall time "
+    "(28–36 ms), and what is off the critical path costs nothing to remove. Tried and reverted, alternated in "
+    "one process in both orders, gradients equal to 2e-7: dense ops on the same value (the GRU's z and r gates "
+    "on `[x, h]`, the LSTM's four) run as one product with their weights side by side, prepared once per "
+    "sequence, so one forward and one pull-back product a step instead of two (four): the profiler's kernel "
+    "time fell 17.5 → 13.4 ms a call (ES-D-RTRL on the GRU, loss at the last step) but the wall time moved "
+    "within noise (paired medians 0.99, 0.98 and 1.00× on GRU / GRU / LSTM, loss at every step): the two "
+    "products had already run side by side on the two cores; the step loop unrolled by 2 on the GRU (0.95 and "
+    "1.03× in the two orders); the no-loss steps' stacked signals handed from chunk to chunk (the copies went, "
+    "the demo's step 43.5 → 43.6 ms); for the compile, `xla_cpu_parallel_codegen_split_count=1`, "
+    "`xla_backend_optimization_level=1` and `xla_llvm_disable_expensive_passes` changed the online step's "
+    "2.3–2.8 s by less than the noise, and `xla_cpu_use_fusion_emitters=false` (1.5–1.7 s) made it run 28 → 39 "
+    "ms a batch (BPTT 34 → 41). The targets' rows are now measured in five fresh processes with the rules "
+    "built in a turned order (`--processes`): one process had put ES-D-RTRL on the GRU at 0.58–0.70× by the "
+    "order alone.",
 ]
 
 
