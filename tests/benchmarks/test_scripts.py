@@ -359,7 +359,10 @@ def test_kernels_script_breaks_a_program_and_a_compilation_down():
     assert refused.returncode == 2 and "--demo ALGO" in refused.stderr
 
 
-def test_kernels_script_sorts_kernels_by_kind():
+def test_kernels_script_sorts_kernels_by_kind(monkeypatch):
+    # the script adds its XLA flag to the environment when imported: not for this
+    # process's later subprocesses
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import kernels
 
