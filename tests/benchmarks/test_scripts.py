@@ -357,6 +357,9 @@ def test_kernels_script_breaks_a_program_and_a_compilation_down():
     refused = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/kernels.py", "--compile"], cwd=ROOT,
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--demo ALGO" in refused.stderr
+    no_calls = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/kernels.py", "--calls", "0"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+    assert no_calls.returncode == 2 and "--calls must be at least 1, got 0" in no_calls.stderr
 
 
 def test_kernels_script_sorts_kernels_by_kind(monkeypatch):
