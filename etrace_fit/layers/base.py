@@ -16,6 +16,7 @@ import brainstate
 import jax
 import jax.numpy as jnp
 import saiunit as u
+from brainstate.nn.init import Initializer as _Initializer
 
 from ..errors import ConfigError, ShapeError
 
@@ -59,23 +60,74 @@ def make_param(initializer: Initializer, shape: Sequence[int], what: str, layer:
     """A parameter array of ``shape`` in the environment's float dtype.
 
     ``initializer`` is a ``brainstate.nn.init`` initializer, a callable of the shape,
-    or an array that broadcasts to ``shape``.
+    or an array that broadcasts to ``shape``. One of brainstate's own initializers runs
+    as one compiled program per kind, settings and shape (:func:`_compiled_initializer`),
+    with the values and the random state it would give run op by op.
     """
     shape = tuple(shape)
-    if callable(initializer):
-        value = brainstate.nn.init.param(initializer, shape, allow_none=False)
-    else:
-        value = initializer
+    compiled = _compiled_initializer(initializer, shape) if callable(initializer) else None
+    if compiled is not None:
+        try:
+            return compiled()
+        except _NotBroadcastable as error:
+            raise ShapeError(f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, "
+                             f"got shape {error.args[0]}") from None
+    value = brainstate.nn.init.param(initializer, shape, allow_none=False) if callable(initializer) else initializer
+    try:
+        return _as_param(value, shape)
+    except _NotBroadcastable as error:
+        raise ShapeError(f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, "
+                         f"got shape {error.args[0]}") from None
+
+
+class _NotBroadcastable(ValueError):
+    """An initial value whose shape (the argument) does not broadcast to the parameter's."""
+
+
+def _as_param(value: Any, shape: tuple) -> Any:
+    """``value``'s mantissa broadcast to ``shape`` in the environment's float dtype, with
+    its unit (none when unitless)."""
     mantissa = jnp.asarray(u.get_mantissa(value))
     try:
         mantissa = jnp.broadcast_to(mantissa, shape)
     except ValueError:
-        raise ShapeError(
-            f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, got shape {mantissa.shape}"
-        ) from None
+        raise _NotBroadcastable(mantissa.shape) from None
     unit = u.get_unit(value)
     mantissa = mantissa.astype(brainstate.environ.dftype())
     return mantissa if unit.is_unitless else u.Quantity(mantissa, unit=unit)
+
+
+# (initializer kind, settings, random state, shape, float dtype) → the compiled initializer
+_COMPILED_INITIALIZERS: dict = {}
+_MAX_COMPILED_INITIALIZERS = 256
+
+
+def _compiled_initializer(initializer: Any, shape: tuple) -> Callable[[], Any] | None:
+    """``make_param``'s work for ``initializer`` and ``shape`` as one compiled program
+    (``brainstate.transform.jit``: the random state is read and advanced as run op by
+    op, so the values are the same), or None for an initializer that is not one of
+    brainstate's own (a user's may draw from NumPy, which a compiled program would
+    draw once) or whose settings are not hashable. Run op by op, each of an
+    initializer's operations compiles a program of its own on its first shape:
+    ``KaimingNormal``'s truncated normal ~24 (1 s), the demo model's construction 43
+    programs in 1.8 s; compiled, 15 in 1.1 s (2026-11-27)."""
+    if not isinstance(initializer, _Initializer) or type(initializer).__module__.split(".")[0] != "brainstate":
+        return None
+    settings = tuple(sorted((name, type(value), value) for name, value in vars(initializer).items() if name != "rng"))
+    key = (type(initializer), settings, id(getattr(initializer, "rng", None)), shape,
+           str(brainstate.environ.dftype()))
+    try:
+        found = _COMPILED_INITIALIZERS.get(key)
+    except TypeError:  # a setting that is not hashable (an array)
+        return None
+    if found is None:
+        if len(_COMPILED_INITIALIZERS) >= _MAX_COMPILED_INITIALIZERS:
+            _COMPILED_INITIALIZERS.pop(next(iter(_COMPILED_INITIALIZERS)))
+        # the entry keeps the initializer, and so its random state, alive: the id in
+        # the key stays its own
+        found = _COMPILED_INITIALIZERS[key] = brainstate.transform.jit(
+            lambda: _as_param(brainstate.nn.init.param(initializer, shape, allow_none=False), shape))
+    return found
 
 
 def make_state(initializer: Initializer, size: Sequence[int], batch_size: int | None) -> jax.Array:
