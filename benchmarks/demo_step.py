@@ -11,13 +11,17 @@ compilation a fresh run pays; HLO instructions counted). Then ``--rounds`` round
 alternated (A B A B), each calling the Trainer's own jitted step ``--calls`` times on one
 batch with no host work between calls (as ``benchmarks/trainer_overhead.py``'s "bare").
 The table: medians per batch of wall and CPU time (``time.process_time``, all threads),
-their ratios to the last algo, the seconds to trace and lower the step ("lower") and to
-compile it, and its HLO instructions after optimisation.
+their ratios to the last algo, the page faults per batch (the process's minor faults:
+a step whose temp memory the allocator maps anew at every call touches fresh pages, so
+its time depends on the allocator's settings, e.g. glibc's ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` in the environment), the seconds to trace and lower the step
+("lower") and to compile it, and its HLO instructions after optimisation.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 import warnings
@@ -71,30 +75,35 @@ def main() -> None:
     programs, compiles = {}, {}
     for algo in args.algos:
         programs[algo], compiles[algo] = build(task, algo)
+    for step, state, xs, ys, weight in programs.values():  # build() cleared the caches: compile again here
+        jax.block_until_ready(step(state, [xs], ys, weight, None, start=True))
     times = {algo: [] for algo in args.algos}
     for _ in range(args.rounds):
         for algo, (step, state, xs, ys, weight) in programs.items():
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             cpu, wall = time.process_time(), time.perf_counter()
             current = state
             for _ in range(args.calls):
                 current, result = step(current, [xs], ys, weight, None, start=True)
             jax.block_until_ready((current, result))
             times[algo].append(((time.process_time() - cpu) / args.calls * 1e3,
-                                (time.perf_counter() - wall) / args.calls * 1e3))
+                                (time.perf_counter() - wall) / args.calls * 1e3,
+                                (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.calls))
     base = args.algos[-1]
-    base_cpu = statistics.median(c for c, _ in times[base])
-    base_wall = statistics.median(w for _, w in times[base])
+    base_cpu = statistics.median(c for c, _, _ in times[base])
+    base_wall = statistics.median(w for _, w, _ in times[base])
     print(f"task {task.name}, batch {task.batch_size}, loss_on={task.loss_on!r}, {args.rounds} rounds of "
           f"{args.calls} calls")
-    print(f"| algo | wall ms / batch | wall / {base} | cpu ms / batch | cpu / {base} | lower s | compile s | "
-          "HLO ops |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| algo | wall ms / batch | wall / {base} | cpu ms / batch | cpu / {base} | page faults / batch | "
+          "lower s | compile s | HLO ops |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for algo in args.algos:
-        cpu = statistics.median(c for c, _ in times[algo])
-        wall = statistics.median(w for _, w in times[algo])
+        cpu = statistics.median(c for c, _, _ in times[algo])
+        wall = statistics.median(w for _, w, _ in times[algo])
+        faults = statistics.median(f for _, _, f in times[algo])
         lower, compile_, ops = compiles[algo]
-        print(f"| {algo} | {wall:.2f} | {wall / base_wall:.2f} | {cpu:.2f} | {cpu / base_cpu:.2f} | {lower:.2f} | "
-              f"{compile_:.2f} | {ops} |")
+        print(f"| {algo} | {wall:.2f} | {wall / base_wall:.2f} | {cpu:.2f} | {cpu / base_cpu:.2f} | {faults:.0f} | "
+              f"{lower:.2f} | {compile_:.2f} | {ops} |")
 
 
 if __name__ == "__main__":
