@@ -163,10 +163,14 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
     return compiled, args, compiled.memory_analysis().temp_size_in_bytes, chunk
 
 
-def timed(compiled, args) -> tuple[float, float]:
+def timed(compiled, args) -> tuple[float, float, int]:
+    """CPU and wall seconds of one call, and the page faults it took (the process's
+    minor faults: fresh pages of temp memory the allocator mapped anew for the call)."""
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c0, w0 = time.process_time(), time.perf_counter()
     jax.block_until_ready(compiled(*args))
-    return time.process_time() - c0, time.perf_counter() - w0
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    return cpu, wall, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 
 
 def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats: int, max_bytes: float,
@@ -196,13 +200,16 @@ def measure(name: str, hidden: int, batch: int, length: int, loss: str, repeats:
         jax.block_until_ready(compiled(*args))
     cpu = {rule: [] for rule in RULES}
     wall = {rule: [] for rule in RULES}
+    faults = {rule: [] for rule in RULES}
     for _ in range(repeats):
         for rule, (compiled, args, _, _) in programs.items():
-            c, w = timed(compiled, args)
+            c, w, f = timed(compiled, args)
             cpu[rule].append(c)
             wall[rule].append(w)
+            faults[rule].append(f)
     results = {rule: {"cpu": cpu[rule], "wall": wall[rule], "cpu_median": statistics.median(cpu[rule]),
-                      "wall_median": statistics.median(wall[rule]), "temp": programs[rule][2],
+                      "wall_median": statistics.median(wall[rule]), "faults_median": statistics.median(faults[rule]),
+                      "temp": programs[rule][2],
                       "chunk": programs[rule][3]} for rule in RULES}  # the tables' order, whatever the run's
     base = results["bptt"]
     for rule, r in results.items():
@@ -252,6 +259,8 @@ def pooled(entries: list[dict]) -> dict:
                        "cpu_ratios": [r["cpu_ratio"] for r in runs], "wall_ratios": [r["wall_ratio"] for r in runs],
                        "cpu_ratio": statistics.median(r["cpu_ratio"] for r in runs),
                        "wall_ratio": statistics.median(r["wall_ratio"] for r in runs)}
+        if all("faults_median" in r for r in runs):
+            rules[rule]["faults_median"] = statistics.median(r["faults_median"] for r in runs)
     return {**entries[0], "processes": len(entries), "rules": rules}
 
 
@@ -309,17 +318,18 @@ def targets_table(results) -> list[str]:
 
 
 def model_table(results, name: str) -> list[str]:
-    lines = ["| H | B | T | loss | rule | chunk | cpu ms | wall ms | cpu/bptt | wall/bptt | temp MiB | temp/bptt |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| H | B | T | loss | rule | chunk | cpu ms | wall ms | cpu/bptt | wall/bptt | temp MiB | temp/bptt | "
+             "faults / call |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for entry in (e for e in results if e["model"] == name):
         head = f"| {entry['H']} | {entry['B']} | {entry['T']} | {entry['loss']} "
         if "skipped" in entry:
-            lines.append(head + f"| skipped: {entry['skipped']} | | | | | | | |")
+            lines.append(head + f"| skipped: {entry['skipped']} | | | | | | | | |")
             continue
         for rule, r in entry["rules"].items():
             lines.append(head + f"| {rule} | {r['chunk'] or '—'} | {r['cpu_median'] * 1e3:.1f} | "
                          f"{r['wall_median'] * 1e3:.1f} | {r['cpu_ratio']:.2f} | {r['wall_ratio']:.2f} | "
-                         f"{r['temp'] / MiB:.1f} | {r['temp_ratio']:.3f} |")
+                         f"{r['temp'] / MiB:.1f} | {r['temp_ratio']:.3f} | "
+                         f"{'—' if r.get('faults_median') is None else format(r['faults_median'], '.0f')} |")
     rates = [f"H={e['H']} B={e['B']} T={e['T']} {e['loss']}: {e['firing_rate']:.1%}"
              for e in results if e["model"] == name and "firing_rate" in e]
     if rates:
@@ -508,7 +518,10 @@ def markdown(results, args, command: str, peak_rss: int, figure: str, date: str 
         "LIF = `Linear(64, H) → LIF(H, tau=10) → Linear(H, 10)` (feed-forward, the same inputs); float32. "
         "Loss \"all\": squared error at every step, weight 1/T; \"last\": the last step only (the online rules "
         "get `active=\"last\"`, as the Trainer passes for `loss_on=\"last\"`: the other steps skip their pull-back "
-        "and a chunk without any loss only advances the traces). \"chunk\" is the online program's steps per chunk.",
+        "and a chunk without any loss only advances the traces). \"chunk\" is the online program's steps per chunk. "
+        "\"faults / call\" is the median of the page faults a call took (the process's minor faults; — where the "
+        "row predates the column): a program whose temp memory the allocator maps anew at every call pays for "
+        "every page it touches, which is part of its time (Reading the numbers, the allocator).",
         "",
         f"Machine: {os.cpu_count()} CPUs ({jax.devices()[0].platform}), jax {jax.__version__}, "
         f"{date or datetime.date.today().isoformat()}. Peak RSS of the process: {peak_rss / 1024:.0f} MiB. "

@@ -52,7 +52,14 @@ def test_speed_script_writes_docs_and_merges_a_remeasured_configuration(tmp_path
     for rule in ("bptt", "d_rtrl", "esd_rtrl"):
         for loss in ("all", "last"):
             assert f"| 128 | 16 | 200 | {loss} | {rule} |" in text
+    assert "| temp/bptt | faults / call |" in text
     before = {e["loss"]: e for e in json.loads(saved.read_text())["results"]}
+    for entry in before.values():  # each call's page faults, a count: the column's last cell is the median
+        for rule, r in entry["rules"].items():
+            assert r["faults_median"] >= 0 and float(r["faults_median"]).is_integer(), (rule, r)
+            row = next(line for line in text.splitlines() if line.startswith(f"| 128 | 16 | 200 | {entry['loss']} | "
+                                                                                f"{rule} |"))
+            assert row.split(" | ")[-1] == f"{r['faults_median']:.0f} |"
     again = subprocess.run([sys.executable, "-W", "ignore", *base, "--repeats", "2", "--loss", "last", "--merge",
                             "--write-docs", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -301,7 +308,8 @@ def test_pooled_processes_give_the_median_ratio_and_its_range():
             ratio = {"bptt": 1.0, "d_rtrl": 0.7, "esd_rtrl": esd_ratio}[rule]
             rules[rule] = {"cpu": [0.01 * ratio], "wall": [0.02 * ratio, 0.03 * ratio], "cpu_median": 0.01 * ratio,
                            "wall_median": 0.02 * ratio, "temp": 1000, "chunk": None if rule == "bptt" else 100,
-                           "temp_ratio": 1.0, "cpu_ratio": ratio, "wall_ratio": ratio}
+                           "temp_ratio": 1.0, "cpu_ratio": ratio, "wall_ratio": ratio,
+                           "faults_median": {0: 10, 1: 4000, 2: 30}[order]}
         return {"model": "gru", "H": 128, "B": 16, "T": 200, "loss": "all", "repeats": 2, "order": order,
                 "rules": rules}
 
@@ -311,6 +319,13 @@ def test_pooled_processes_give_the_median_ratio_and_its_range():
     assert result["processes"] == 3
     assert esd["wall_ratio"] == 0.58 and esd["wall_ratios"] == [0.62, 0.55, 0.58] and esd["cpu_ratio"] == 0.58
     assert len(esd["wall"]) == 6 and esd["temp"] == 1000 and esd["chunk"] == 100
+    assert esd["faults_median"] == 30  # the median over processes
+    row = next(line for line in speed.model_table([result], "gru") if line.startswith("| 128 | 16 | 200 | all | esd"))
+    assert row.endswith("| 30 |")
+    del entries[1]["rules"]["esd_rtrl"]["faults_median"]  # a process measured before the column: none pooled
+    assert "faults_median" not in speed.pooled(entries)["rules"]["esd_rtrl"]
+    row = next(line for line in speed.model_table([speed.pooled(entries)], "gru") if "| esd_rtrl |" in line)
+    assert row.endswith("| — |")
     row = next(line for line in speed.targets_table([result])
                if line.startswith("| ES-D-RTRL ≤ 0.6× BPTT (loss all)") and "| gru |" in line)
     assert "0.58 (wall) (0.55–0.62, 3 processes)" in row and row.endswith("| PASS |")
