@@ -62,19 +62,16 @@ def make_param(initializer: Initializer, shape: Sequence[int], what: str, layer:
     ``initializer`` is a ``brainstate.nn.init`` initializer, a callable of the shape,
     or an array that broadcasts to ``shape``. One of brainstate's own initializers runs
     as one compiled program per kind, settings and shape (:func:`_compiled_initializer`),
-    with the values and the random state it would give run op by op.
+    with the random state it would leave run op by op and its values to float rounding.
     """
     shape = tuple(shape)
     compiled = _compiled_initializer(initializer, shape) if callable(initializer) else None
-    if compiled is not None:
-        try:
-            return compiled()
-        except _NotBroadcastable as error:
-            raise ShapeError(f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, "
-                             f"got shape {error.args[0]}") from None
-    value = brainstate.nn.init.param(initializer, shape, allow_none=False) if callable(initializer) else initializer
     try:
-        return _as_param(value, shape)
+        if compiled is not None:
+            return compiled()
+        if callable(initializer):
+            return _as_param(brainstate.nn.init.param(initializer, shape, allow_none=False), shape)
+        return _as_param(initializer, shape)
     except _NotBroadcastable as error:
         raise ShapeError(f"{describe(layer)}: {what} must have (or broadcast to) shape {shape}, "
                          f"got shape {error.args[0]}") from None
@@ -105,7 +102,8 @@ _MAX_COMPILED_INITIALIZERS = 256
 def _compiled_initializer(initializer: Any, shape: tuple) -> Callable[[], Any] | None:
     """``make_param``'s work for ``initializer`` and ``shape`` as one compiled program
     (``brainstate.transform.jit``: the random state is read and advanced as run op by
-    op, so the values are the same), or None for an initializer that is not one of
+    op, so the values are the same but for rounding where the program fuses a multiply
+    and an add), or None for an initializer that is not one of
     brainstate's own (a user's may draw from NumPy, which a compiled program would
     draw once) or whose settings are not hashable. Run op by op, each of an
     initializer's operations compiles a program of its own on its first shape:
