@@ -140,7 +140,8 @@ class StepProgram:
     passes it as ``signals(..., prepared=)``. ``products(weights, input_leaves)`` is the
     output of each dense op that reads the inputs alone over a chunk of steps (leading
     axis the steps'), one GEMM each; the step at ``t`` reads its row as
-    ``signals(..., pre=)`` instead of computing the product.
+    ``signals(..., pre=)`` instead of computing the product; ``on_inputs`` are those ops'
+    indices in the step's equations.
 
     ``deferred`` are the dense and conv ETP ops no pair traces (GRU's ``W_r``, a
     readout): the pull-back stops at their weights and returns ``δy = ∂L^t/∂y`` and
@@ -156,6 +157,7 @@ class StepProgram:
     deferred: tuple[int, ...] = ()
     prepare: Callable[[Any], Any] = lambda weights: {}
     products: Callable[[Any, Any], Any] = lambda weights, input_leaves: {}
+    on_inputs: tuple[int, ...] = ()
 
     def assemble(self, weights, others) -> list:
         """All state leaves in module order from the weight and the other leaves."""
@@ -557,7 +559,8 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         return loss, outputs, new_others, weight_grads, pair_signals, one_step
 
     return StepProgram(graph=graph, pairs=tuple(pairs), signals=signals, other_positions=other_positions, prepare=prepare,
-                       weight_positions=weight_positions, deferred=deferred, products=products)
+                       weight_positions=weight_positions, deferred=deferred, products=products,
+                       on_inputs=on_inputs)
 
 
 def _with_memory_state(D, Df, G, *, kappa, u_prev, u_y, u_signal):
@@ -794,9 +797,18 @@ def build_online(
     deferred = program.deferred
     shared = shared_groups(pairs, rules, eqns)
     by_group = chunk_groups(pairs, rules)
-    # Numbers per step the chunk stacks for the deferred ops (their X and δy rows).
+    # Bytes per step the chunk stacks besides the rules' signals: the deferred ops' X and
+    # δy rows (in the trace dtype) and the inputs' products computed for the whole chunk
+    # (StepProgram.products, in the model's dtype). Left out of the count, the products
+    # of the LIF net's first layer (B = 64, H = 128: 32 KB a step) took its D-RTRL
+    # program's temp memory from 29.5 to 32.8 MiB in chunks of 100; above glibc's
+    # largest mmap threshold (32 MiB) the buffer is mapped anew at every call, and its
+    # 8404 page faults took the program from 1.18 to 1.69× BPTT (chunks of 50: 18.5 MiB,
+    # no faults; 2026-11-27, alternated in one process).
     deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
                         for i in deferred)
+    product_bytes = sum(eqns[i].outvars[0].aval.size * eqns[i].outvars[0].aval.dtype.itemsize
+                        for i in program.on_inputs)
 
     def zero_accumulators(weights):
         """Per weight leaf (the pull-back's direct gradients); then per pair its ``(K, O)``
@@ -1019,7 +1031,7 @@ def build_online(
         itemsize = jnp.dtype(trace_dtype).itemsize
         last_alone = isinstance(active, str) and length > 1
         return chunk_size(pairs, rules, batch, itemsize, length - 1 if last_alone else length, chunk,
-                          extra=deferred_rows * itemsize, shared=shared)
+                          extra=deferred_rows * itemsize + product_bytes, shared=shared)
 
     def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None, traces=None):
         weights, streaming = list(weight_leaves), traces is not None

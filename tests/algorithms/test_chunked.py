@@ -277,10 +277,11 @@ def test_chunk_size_is_automatic_and_bounded():
 
 def test_the_chunk_budget_counts_the_rows_of_ops_whose_gradient_is_deferred(monkeypatch):
     """The readout's one-step gradient waits for the chunk's GEMM, its ``X`` (the spikes,
-    ``B × N``) and ``δy`` (``B × O``) stacked per step: the program hands those bytes to
-    ``chunk_size`` as ``extra``, which counts them with the rule's rows (ES-D-RTRL, 13
-    numbers per sample and step here): with those 10 more, 1200 samples get 50 steps, not
-    100."""
+    ``B × N``) and ``δy`` (``B × O``) stacked per step, and the first layer's input
+    product ``x W + b`` (``B × N``, in the model's dtype) is computed for the whole chunk
+    before its steps: the program hands those bytes to ``chunk_size`` as ``extra``,
+    which counts them with the rule's rows (ES-D-RTRL, 13 numbers per sample and step
+    here): with the readout's 10 more, 1200 samples get 50 steps, not 100."""
     from etrace_fit.algorithms import online
 
     case = get_case("lif", 64)
@@ -292,7 +293,7 @@ def test_the_chunk_budget_counts_the_rows_of_ops_whose_gradient_is_deferred(monk
     real = online.chunk_size
     monkeypatch.setattr(online, "chunk_size", lambda *a, **k: seen.append(k.get("extra")) or real(*a, **k))
     assert program.chunk_for(T) == T
-    assert seen == [B * (N + O) * 8]
+    assert seen == [B * (N + O) * 8 + B * N * 8]
     rows = plan.rules[0].row_bytes(plan.pairs[0], 1, 8) // 8
     assert rows == 13 and N + O == 10
     assert 100 * 1200 * rows * 8 <= 16 * 2**20 < 100 * 1200 * (rows + N + O) * 8
