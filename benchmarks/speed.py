@@ -377,26 +377,31 @@ def plot(results, path: pathlib.Path) -> str:
 SUMMARY = [
     "## In short (2026-11-27)",
     "",
-    "- **D-RTRL** costs less than BPTT at H = 128: 0.82× on the GRU, 0.85× on the RLIF net and 0.86× on "
-    "the feed-forward LIF net with the loss at every step, 0.46–0.55× with the loss at the last step, "
-    "0.60–0.70× at T = 2000. At H = 512 it takes 0.66–1.59×. Its memory does not grow with T.",
-    "- **ES-D-RTRL** takes 0.59× BPTT's time on the LIF net, 0.61× on the GRU and 0.63× on the RLIF net "
-    "at T = 200; 0.40–0.52× at T = 2000 and 0.23–0.25× with the loss at the last step. The 0.6× target "
-    "holds on the LIF net only. Per step the rule runs the forward pass and the pull-back for its learning "
-    "signal (docs/theory.md §5.8): 0.53–0.57× of BPTT's per-step multiply-adds before any weight gradient "
-    "(counted below). The GRU and RLIF nets, whose steps are bound by those products, sit on that floor.",
+    "- **D-RTRL** costs less than BPTT at H = 128, B = 16: 0.80× on the GRU, 0.83× on the RLIF net and 0.81× "
+    "on the feed-forward LIF net with the loss at every step, 0.42–0.53× with the loss at the last step, "
+    "0.63–0.71× at T = 2000. At B = 64 it takes 0.90× on the GRU, 1.01× on the RLIF net and 1.80× on the LIF "
+    "net, whose programs cross the allocator's 32 MiB line (below). At H = 512 it takes 0.66–1.59×. Its "
+    "memory does not grow with T.",
+    "- **ES-D-RTRL** takes 0.54× BPTT's time on the LIF net, 0.56× on the RLIF net and 0.61× on the GRU at "
+    "T = 200 in this run; 0.43–0.52× at T = 2000 and 0.22–0.26× with the loss at the last step. The run "
+    "before, on the same code, read 0.59×, 0.63× and 0.61×: the RLIF net's processes spread over 0.55–0.65× "
+    "and 0.57–0.69×, across the 0.6× target, and the GRU misses it in both (0.57–0.62×, 0.58–0.70×). Per "
+    "step the rule runs the forward pass and the pull-back for its learning signal (docs/theory.md §5.8): "
+    "0.53–0.57× of BPTT's per-step multiply-adds before any weight gradient (counted below). The GRU and "
+    "RLIF nets, whose steps are bound by those products, sit on that floor.",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
     "accuracy in 0.89–1.07× BPTT's whole-run time, but reaches 0.93 1.02–1.28× later. Both reach 0.93 in "
-    "the same epoch, so the start decides: the hybrid's batch takes 0.92× BPTT's, but its step compiles in "
-    "2.3–2.6 s against 1.2–1.4 s. The batch's lead is BPTT's page faults under glibc's default allocator; "
-    "with its settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
-    "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead (1.01× "
-    "the bare step), chunked equal to per-step in float64.",
+    "the same epoch, so the start decides: the hybrid's batch takes 0.92–0.97× BPTT's, but its step "
+    "compiles in 2.3–2.6 s against 1.2–1.4 s. The batch's lead is BPTT's page faults under glibc's default "
+    "allocator; with its settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
+    "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead (0.99× "
+    "the bare step's wall time, 1.02× its CPU time; `benchmarks/trainer_overhead.py`, 2026-11-27), chunked "
+    "equal to per-step in float64.",
     "- **How these were measured**: in one process a ratio moves by up to 20 % with the order the programs "
-    "are built and run in. So the H = 128, B = 16 rows are medians over five fresh processes, each building "
-    "the rules in a turned order (`--processes 5`).",
+    "are built and run in. So the H = 128 rows are medians over fresh processes, each building the rules in "
+    "a turned order (`--processes 5` at B = 16, 3 at B = 64).",
 ]
 
 READING = [
@@ -425,7 +430,16 @@ READING = [
     "environment it took 1.49× and 1.18× (33 and 35 ms against 22 and 30 ms; BPTT faulted 0 and 3037 "
     "times a batch). So the demo's batch beats BPTT's only under the default allocator. The GRU's BPTT at "
     "T = 2000 (189 MB) faults at every call under both settings (48410 faults). The programs of the target "
-    "rows (T = 200, 3–23 MB of temp memory) take 0–139 faults a call.",
+    "rows (T = 200, 3–23 MB of temp memory) take 0–1 faults a call (the grid's last column).",
+    "- **The online programs' own line is 32 MiB.** glibc serves a block above its largest mmap threshold, "
+    "32 MiB, with a fresh mapping at every call. At B = 64 the D-RTRL programs of the LIF and RLIF nets "
+    "need 32.8 and 43.9 MiB of temp memory in chunks of 100 and take 8404 and 11245 page faults a call "
+    "(1.80× and 1.01× BPTT in the grid). In chunks of 50 they need 18.5 and 31.1 MiB, take none, and ran "
+    "1.18× and 0.88× BPTT against 1.69× and 1.03× in chunks of 100 (2026-11-27, a twelfth session, "
+    "alternated in one process). The automatic chunk sizes its buffers by an estimate of the rows it "
+    "keeps (`online.chunk_size`), not by the compiled program's temp memory, which the estimate misses by "
+    "up to a third either way (the LIF net's chunk pass keeps more; the demo stacks less, its fixed signals "
+    "once). The GRU's D-RTRL at B = 64 (57.6 MiB, its trace alone 18 MiB) faults in any chunk.",
     "- What each change measured, and what was tried and reverted, is in the performance log "
     "([performance-log.md](performance-log.md)).",
 ]
