@@ -799,12 +799,12 @@ def build_online(
     by_group = chunk_groups(pairs, rules)
     # Bytes per step the chunk stacks besides the rules' signals: the deferred ops' X and
     # δy rows (in the trace dtype) and the inputs' products computed for the whole chunk
-    # (StepProgram.products, in the model's dtype). Left out of the count, the products
-    # of the LIF net's first layer (B = 64, H = 128: 32 KB a step) took its D-RTRL
-    # program's temp memory from 29.5 to 32.8 MiB in chunks of 100; above glibc's
-    # largest mmap threshold (32 MiB) the buffer is mapped anew at every call, and its
-    # 8404 page faults took the program from 1.18 to 1.69× BPTT (chunks of 50: 18.5 MiB,
-    # no faults; 2026-11-27, alternated in one process).
+    # (StepProgram.products, in the model's dtype; the LIF net's first layer at B = 64,
+    # H = 128: 32 KB a step). The estimate still misses a program's temp memory by up to
+    # a third either way (docs/performance-log.md, the twelfth session): that LIF net's
+    # D-RTRL program takes 32.8 MiB in chunks of 100, above glibc's largest mmap
+    # threshold (32 MiB), so its buffer is mapped anew at every call (8404 page faults,
+    # 1.69× BPTT against 1.18× in chunks of 50; 2026-11-27, alternated in one process).
     deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
                         for i in deferred)
     product_bytes = sum(eqns[i].outvars[0].aval.size * eqns[i].outvars[0].aval.dtype.itemsize
