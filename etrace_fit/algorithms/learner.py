@@ -190,28 +190,35 @@ class Learner:
             return False
         return str(now.closed_jaxpr) == str(graph.module.closed_jaxpr)
 
-    def compiled(self, xs: Any, targets: Any, step_loss: Callable | None = None) -> CompiledSequence:
+    def compiled(self, xs: Any, targets: Any, step_loss: Callable | None = None,
+                 max_chunk: int | None = None) -> CompiledSequence:
         """The program for time-major ``xs (T, B, ...)`` and ``targets`` (compiled once
-        per input shape; the plan's rules are reused at every batch size)."""
+        per input shape; the plan's rules are reused at every batch size). ``max_chunk``:
+        the online program's chunks take at most that many steps (``online.chunk_cap``;
+        the same step and plan as without it)."""
         step_loss = self.step_loss if step_loss is None else step_loss
         if not callable(step_loss):
             raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got "
                               f"{type(step_loss).__name__}")
-        key = (_signature(xs), _signature(targets), step_loss)
+        key = (_signature(xs), _signature(targets), step_loss) + ((max_chunk,) if max_chunk is not None else ())
         entry = self._compiled.get(key)
         if entry is None:
             self._note_new_program(key)
         if entry is None or not _same_states(self.model, entry.graph):  # states recreated: trace again
-            _check_batch_axis(self.model, jax.tree.leaves(xs))
-            example = jax.tree.map(lambda x: x[0], xs)
-            graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn)
+            base = self._compiled.get(key[:3]) if max_chunk is not None else None
+            if base is not None and _same_states(self.model, base.graph):  # the same step, traced already
+                graph = base.graph
+            else:
+                _check_batch_axis(self.model, jax.tree.leaves(xs))
+                example = jax.tree.map(lambda x: x[0], xs)
+                graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn)
             if self.plan is None:
                 plan, program = None, sequence_algo(self.algo).build(graph, step_loss)
             else:
                 plan = self._plan_on(graph)
                 program = build_online(graph, plan.pairs, plan.rules, step_loss, trace_dtype=plan.trace_dtype,
                                        sharded=self.placement is not None, feedback=plan.feedback,
-                                       readout=plan.readout)
+                                       readout=plan.readout, max_chunk=max_chunk)
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(
                 program.run, compiler_options=_compat.compiler_options()))
         return self._compiled[key]
@@ -223,7 +230,8 @@ class Learner:
         compile each call."""
         code = getattr(key[2], "__code__", None)
         if code is not None and "recompiling" not in self._notes and any(
-                k[:2] == key[:2] and getattr(k[2], "__code__", None) is code for k in self._compiled):
+                k[:2] == key[:2] and k[2] is not key[2] and getattr(k[2], "__code__", None) is code
+                for k in self._compiled):
             self._notes["recompiling"] = True
             import warnings
 

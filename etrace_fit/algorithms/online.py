@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -724,8 +725,45 @@ def signal_bytes(pair: TracedPair, batch: int, itemsize: int) -> int:
     return batch * pair.positions * (pair.patch + pair.outputs * (S ** 2 + 3 * S + 1)) * itemsize
 
 
+#: glibc's largest mmap threshold on 64-bit hosts (``DEFAULT_MMAP_THRESHOLD_MAX``).
+#: glibc serves a block above it with a fresh mapping at every ``malloc``, and XLA's
+#: CPU runtime allocates a program's temp memory at every call: a program whose temp
+#: memory is above it pays a page fault per 4 KiB it touches, at every call. Measured
+#: 2026-11-27 (D-RTRL, H = 128, B = 64, T = 200, alternated in one process): the LIF
+#: net in chunks of 100 took 32.8 MiB, 8404 faults a call and 1.69× BPTT's time, in
+#: chunks of 50 18.5 MiB, no faults and 1.18×; the RLIF net 43.9 MiB and 1.03× against
+#: 31.1 MiB and 0.88×.
+MMAP_LINE = 32 * 1024**2
+
+
+def mmap_line() -> int | None:
+    """The temp memory (bytes) above which a compiled program on this host pays page
+    faults at every call: :data:`MMAP_LINE` on the CPU backend under glibc, or the
+    threshold ``MALLOC_MMAP_THRESHOLD_`` fixes when it is set; None elsewhere (a GPU's
+    allocator pools its memory; other C libraries differ)."""
+    if jax.default_backend() != "cpu" or platform.libc_ver()[0] != "glibc":
+        return None
+    fixed = os.environ.get("MALLOC_MMAP_THRESHOLD_", "").strip()
+    return int(fixed) if fixed.isdigit() else MMAP_LINE
+
+
+def chunk_cap(temp_at: Callable[[int | None], int], chunk: int) -> int | None:
+    """The cap on a program's chunk that keeps its temp memory under :func:`mmap_line`,
+    from the compiled program itself (no estimate places a program within a few MiB
+    of the line: chunk_size's is off by up to a quarter either way, the performance
+    log's twelfth session). ``temp_at(cap)`` is the temp bytes of the program with its
+    chunks at most ``cap`` steps (None: the automatic ``chunk``), which compiles it.
+    Returns None when the automatic chunk is under the line, or when half of it is not
+    (longer chunks do less work per chunk; the trace alone may be over the line), else
+    ``chunk // 2``."""
+    line = mmap_line()
+    if line is None or chunk < 2 or temp_at(None) <= line:
+        return None
+    return chunk // 2 if temp_at(chunk // 2) <= line else None
+
+
 def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: int | None = None,
-               extra: int = 0, shared: list[list[int]] = ()) -> int:
+               extra: int = 0, shared: list[list[int]] = (), cap: int | None = None) -> int:
     """Steps per chunk: ``requested``, else the longer of :data:`DEFAULT_CHUNK` steps
     halved while the chunk's stacked signals (each rule's ``row_bytes`` per step, else
     :func:`signal_bytes`, a group of ``shared`` pairs (:func:`shared_groups`) its joined
@@ -733,8 +771,9 @@ def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: 
     deferred to the chunk) would take more than the traces (or
     32 MiB when a rule reads and writes its trace once per chunk, D-RTRL's ``chunk``;
     16 MiB otherwise) and 32 steps halved likewise against the traces (or 64 MiB); at most the
-    sequence length ``length``, and lowered (by at most half) to the size that leaves
-    the shortest last chunk: a divisor of ``length`` when one exists."""
+    sequence length ``length`` and ``cap`` (a limit :func:`fits_mmap_line` found), and
+    lowered (by at most half) to the size that leaves the shortest last chunk: a
+    divisor of ``length`` when one exists."""
     if requested is not None:
         return max(1, min(int(requested), length))
     grouped = {n for group in shared for n in group}
@@ -754,7 +793,7 @@ def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: 
     passes = any(hasattr(rule, "chunk") for rule in rules)  # a trace read and written per chunk
     size = max(longest(DEFAULT_CHUNK, _CHUNK_BUFFER_BYTES if passes else _ROWS_BUFFER_BYTES),
                longest(_BASE_CHUNK, _BASE_BUFFER_BYTES))
-    size = max(1, min(size, length))
+    size = max(1, min(size, length, length if cap is None else cap))
     # Down to half the cap, the size that leaves the shortest last chunk (the longest
     # size among equals): a divisor leaves none. A shorter last chunk is a second copy
     # of the chunk's program (0.3 s of the demo's 1.4 s compile for a 22-step one,
@@ -776,9 +815,11 @@ def build_online(
     sharded: bool = False,
     feedback: Any = None,
     readout: Any = None,
+    max_chunk: int | None = None,
 ) -> OnlineProgram:
     """The online program for ``pairs`` trained by ``rules`` (one rule per pair), over
-    chunks of ``chunk`` steps (default: :func:`chunk_size`). ``sharded``: the batch is
+    chunks of ``chunk`` steps (default: :func:`chunk_size`, at most ``max_chunk``
+    steps: the cap :func:`chunk_cap` finds). ``sharded``: the batch is
     split over devices (a rule with ``for_sharding`` is swapped for that form).
     ``feedback``: a signal replacement's (``Plan.feedback``, e-prop); ``readout``: the
     leaky readout whose memory the pairs marked ``readout_memory`` follow (``Plan.readout``)."""
@@ -801,10 +842,10 @@ def build_online(
     # δy rows (in the trace dtype) and the inputs' products computed for the whole chunk
     # (StepProgram.products, in the model's dtype; the LIF net's first layer at B = 64,
     # H = 128: 32 KB a step). The estimate still misses a program's temp memory by up to
-    # a third either way (docs/performance-log.md, the twelfth session): that LIF net's
+    # a quarter either way (docs/performance-log.md, the twelfth session): that LIF net's
     # D-RTRL program takes 32.8 MiB in chunks of 100, above glibc's largest mmap
-    # threshold (32 MiB), so its buffer is mapped anew at every call (8404 page faults,
-    # 1.69× BPTT against 1.18× in chunks of 50; 2026-11-27, alternated in one process).
+    # threshold (32 MiB); the Trainer finds that in the compiled step and halves the
+    # chunk (chunk_cap, max_chunk here).
     deferred_rows = sum(eqns[i].invars[etp_op_info(eqns[i].primitive).x_index].aval.size + eqns[i].outvars[0].aval.size
                         for i in deferred)
     product_bytes = sum(eqns[i].outvars[0].aval.size * eqns[i].outvars[0].aval.dtype.itemsize
@@ -1031,7 +1072,7 @@ def build_online(
         itemsize = jnp.dtype(trace_dtype).itemsize
         last_alone = isinstance(active, str) and length > 1
         return chunk_size(pairs, rules, batch, itemsize, length - 1 if last_alone else length, chunk,
-                          extra=deferred_rows * itemsize + product_bytes, shared=shared)
+                          extra=deferred_rows * itemsize + product_bytes, shared=shared, cap=max_chunk)
 
     def run(weight_leaves, state_leaves, xs_leaves, targets, collect=False, active=None, traces=None):
         weights, streaming = list(weight_leaves), traces is not None

@@ -38,12 +38,12 @@ def _algo_key(algo: Any) -> Any:
 
 
 def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None,
-              plan_batch=None) -> CompiledSequence:
+              plan_batch=None, max_chunk=None) -> CompiledSequence:
     """The program for these inputs, from ``model`` if it is a :class:`Learner`, else
     from the learner kept for ``model`` and these options (compiled again when the
-    model changed)."""
+    model changed). ``max_chunk``: see ``Learner.compiled``."""
     if isinstance(model, Learner):
-        return model.compiled(xs, targets, step_loss)
+        return model.compiled(xs, targets, step_loss, max_chunk=max_chunk)
     check_algo(algo)
     if not callable(step_loss):
         raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got {type(step_loss).__name__}")
@@ -75,12 +75,14 @@ def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, mem
             memory_budget=budget, plan_batch=plan_batch, warn=False)
         if learner.plan is not None:
             warn_approximations(learner.plan, stacklevel=4)
-    return learner.compiled(xs, targets, step_loss)
+    return learner.compiled(xs, targets, step_loss, max_chunk=max_chunk)
 
 
-def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None, plan_batch=None):
+def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None, plan_batch=None,
+             max_chunk=None):
     """``(graph, plan, jitted run, program)``: :func:`_compiled` as a tuple (benchmarks use it)."""
-    compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget, plan_batch)
+    compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget, plan_batch,
+                         max_chunk)
     return compiled.graph, compiled.plan, compiled.run, compiled.program
 
 

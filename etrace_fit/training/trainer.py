@@ -28,6 +28,7 @@ import optax
 
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, _states_at, compile as compile_learner
+from ..algorithms.online import chunk_cap
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
@@ -205,6 +206,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._local_batches = False  # fit(ProcessLocal(...)): each process feeds its share of every batch
         self._axes: dict[int, tuple[Any, tuple]] = {}  # id(program) -> (program, batch axes of states, traces)
         self._batch_programs: dict[tuple, tuple] = {}  # batch shapes -> _batch_program's entry (one fit)
+        self._sized: set[tuple] = set()  # batch shapes whose step _under_line has sized (one fit)
         self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
         # From the last training batch, for dashboards: gradients per weight path
@@ -501,6 +503,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._resets.clear()
             self._axes.clear()
         self._batch_programs.clear()  # re-checked against the model's states at every fit
+        self._sized.clear()
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read before the first batch
         callbacks = list(callbacks or [])
@@ -598,11 +601,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 break
 
 
-    def _compiled(self, xs, ys, weight):
+    def _compiled(self, xs, ys, weight, max_chunk=None):
         """The program for this batch's shape, from the learner compiled on the first
         batch: its plan is kept for every later shape (a last, smaller batch must not
         change a weight's rule under the report). Traced with the model's states at
-        this batch size; the model is left as it was."""
+        this batch size; the model is left as it was. ``max_chunk``: see
+        ``Learner.compiled``."""
         with _states_at(self._model, xs.shape[1]):
             if self.learner is None:
                 with warnings.catch_warnings():
@@ -614,7 +618,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if self.learner.plan is not None:
                     check_trace_memory(self.learner.plan, xs.shape[1],
                                        devices=1 if self._placement is None else self._placement.size)
-            return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()))
+            return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()),
+                                         max_chunk=max_chunk)
 
     def _build_step(self, compiled):
         """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
@@ -649,20 +654,57 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                                           traced_reset(self._model, compiled.module, batch))
         return entry[1]
 
-    def _batch_program(self, xs, ys, weight):
+    def _batch_program(self, xs, ys, weight, max_chunk=None):
         """``(compiled, jitted step, reset)`` for this batch's shapes, kept per shape for
-        the whole ``fit`` (no signature of the model's states per batch)."""
+        the whole ``fit`` (no signature of the model's states per batch). ``max_chunk``:
+        a new entry whose chunks take at most that many steps (:meth:`_under_line`)."""
         key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
         entry = self._batch_programs.get(key)
-        if entry is None:
+        if entry is None or max_chunk is not None:
             if isinstance(xs, jax.Array) and not xs.is_fully_addressable:  # ProcessLocal: traced at its shapes
                 xs, ys, weight = (np.zeros(a.shape, a.dtype) for a in (xs, ys, weight))
-            compiled = self._compiled(xs, ys, weight)
+            compiled = self._compiled(xs, ys, weight, max_chunk)
             step = self._steps.get(id(compiled.program))
             if step is None:
                 step = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
             entry = self._batch_programs[key] = (compiled, step[1], self._reset_of(compiled))
         return entry
+
+    def _chunk_of(self, compiled, length: int) -> int | None:
+        """Steps per chunk of the online program of ``compiled`` on sequences of
+        ``length`` steps as this trainer runs it (None for BPTT)."""
+        if compiled.plan is None:
+            return None
+        every, program = self.update_every, compiled.program
+        if every:
+            return program.chunk_for(min(every, length))
+        last = self.loss_on == "last" and not self.regularizers  # the last step runs alone
+        return program.chunk_for(length, "last" if last else None)
+
+    def _under_line(self, xs, ys, weight, compiled, step, args, options):
+        """``(compiled, step)`` for this batch's shapes with its temp memory kept under
+        ``online.mmap_line()`` where halving the chunk does it (``online.chunk_cap``):
+        above the line every call page-faults its temp memory anew. Checked once per
+        shape and ``fit``, before the first call: the step is compiled there (the call
+        then finds it compiled), and a second time, chunked shorter, only when it is
+        over the line."""
+        key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
+        if key in self._sized:
+            return compiled, step
+        self._sized.add(key)
+        if compiled.plan is None:
+            return compiled, step
+        entries = {None: (compiled, step)}
+
+        def temp_at(cap):
+            if cap not in entries:
+                entries[cap] = self._batch_program(xs, ys, weight, max_chunk=cap)[:2]
+            return entries[cap][1].lower(*args, **options).compile().memory_analysis().temp_size_in_bytes
+
+        cap = chunk_cap(temp_at, self._chunk_of(compiled, xs.shape[0]))
+        if cap is None and len(entries) > 1:  # the shorter chunk did not help: back to the first program
+            self._batch_programs[key] = (compiled, step, self._reset_of(compiled))
+        return entries[cap]
 
     def _epoch_logs(self, epoch: int, records: list) -> dict[str, float]:
         """Size-weighted means of the batches' loss and metrics; warns when batches had a
@@ -735,25 +777,30 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if self._placement is not None:  # on the mesh: batches, states and traces split, the rest replicated
             xs, ys, weight, metric_weight, state, fresh = self._placed(compiled, state, xs, ys, weight,
                                                                        metric_weight, fresh, reset)
-        return compiled, step, (state, [xs], ys, weight, metric_weight), dict(fresh=fresh, start=start)
+        args, options = (state, [xs], ys, weight, metric_weight), dict(fresh=fresh, start=start)
+        compiled, step = self._under_line(xs, ys, weight, compiled, step, args, options)
+        return compiled, step, args, options
 
     def step_memory(self, x: Any, y: Any = None, batch_size: int = 32) -> dict[str, int]:
         """XLA's memory analysis of the compiled training step on the first batch of
         ``x`` (arrays, batch-major), in bytes **per device**: ``temp`` (scratch,
         eligibility traces of a non-stateful trainer included), ``argument`` (the
-        training state and the batch), ``output``, ``generated_code``. Nothing is
-        trained; with a mesh the step is the sharded one (docs/scaling.md)."""
+        training state and the batch), ``output``, ``generated_code``; and for an
+        online algo the steps per ``chunk`` of that step (docs/algorithms.md). Nothing
+        is trained; with a mesh the step is the sharded one (docs/scaling.md)."""
         check_count(batch_size, "batch_size")
         batch = Batch(*(np.asarray(a)[:batch_size] if a is not None else None for a in (x, y)))
         xs, ys, weight = self._time_major(batch, False)
         self._ensure_states(xs.shape[1])
         self._sync.refresh()
         self._model_touched = True
-        _, step, args, options = self._step_call(xs, ys, weight, weight, stream=False)
+        compiled, step, args, options = self._step_call(xs, ys, weight, weight, stream=False)
         analysis = step.lower(*args, **options).compile().memory_analysis()
+        chunk = self._chunk_of(compiled, xs.shape[0])
         return {"temp": int(analysis.temp_size_in_bytes), "argument": int(analysis.argument_size_in_bytes),
                 "output": int(analysis.output_size_in_bytes),
-                "generated_code": int(analysis.generated_code_size_in_bytes)}
+                "generated_code": int(analysis.generated_code_size_in_bytes)} | (
+                    {} if chunk is None else {"chunk": chunk})
 
     def _placed(self, compiled, state, xs, ys, weight, metric_weight, fresh, reset):
         """A batch and the training state on the mesh (leaves already there stay)."""

@@ -1,0 +1,89 @@
+"""The Trainer keeps a step's temp memory under glibc's mmap line where a shorter chunk
+does it (online.chunk_cap): above the line every call page-faults its temp memory."""
+
+import logging
+import platform
+
+import brainstate
+import jax
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit.algorithms import online
+
+from .test_trainer import _data, _model
+
+
+def _weights(model):
+    return jax.tree.map(np.asarray, model.states(brainstate.ParamState).to_dict_values())
+
+
+def test_mmap_line_is_glibcs_on_cpu_or_the_threshold_the_environment_fixes(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("glibc", "2.36"))
+    assert online.mmap_line() == online.MMAP_LINE == 32 * 2**20
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
+    assert online.mmap_line() == 2**20
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "not a number")
+    assert online.mmap_line() == online.MMAP_LINE
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))  # musl, macOS: another allocator
+    assert online.mmap_line() is None
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("glibc", "2.36"))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # a pooled device allocator
+    assert online.mmap_line() is None
+
+
+@pytest.mark.parametrize("temps, chunk, cap, asked", [
+    ({None: 150, 50: 80}, 100, 50, [None, 50]),     # over the line, half the chunk under it: halved
+    ({None: 150, 50: 120}, 100, None, [None, 50]),  # half the chunk still over: the longer chunk stays
+    ({None: 100, 50: 80}, 100, None, [None]),       # at the line: not compiled again
+    ({None: 150}, 1, None, []),                     # one step per chunk: nothing to halve, nothing compiled
+])
+def test_chunk_cap_halves_the_chunk_only_when_that_brings_the_program_under_the_line(monkeypatch, temps, chunk, cap,
+                                                                                       asked):
+    monkeypatch.setattr(online, "mmap_line", lambda: 100)
+    seen = []
+    assert online.chunk_cap(lambda c: seen.append(c) or temps[c], chunk) == cap
+    assert seen == asked
+    monkeypatch.setattr(online, "mmap_line", lambda: None)  # no line on this host: nothing compiled
+    seen.clear()
+    assert online.chunk_cap(lambda c: seen.append(c) or temps[c], chunk) is None and seen == []
+
+
+def _fit(monkeypatch, line, algo="d_rtrl"):
+    monkeypatch.setattr(online, "mmap_line", lambda: line)
+    x, y = _data(64)
+    trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.5))
+    history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    return trainer, history, trainer.step_memory(x, y, batch_size=32)
+
+
+def test_a_step_over_the_line_runs_in_half_the_chunk_with_the_same_training(monkeypatch):
+    """Chunked D-RTRL is exact: the halved chunk trains the same weights, in less temp
+    memory, under the line; where halving does not get under it, the chunk stays."""
+    free, free_history, free_memory = _fit(monkeypatch, None)
+    chunk, temp = free_memory["chunk"], free_memory["temp"]
+    assert chunk == 29  # loss_on="last": the 29 steps before the last, which runs alone
+    halved, halved_history, halved_memory = _fit(monkeypatch, temp - 1)
+    assert halved_memory["chunk"] == 14 and halved_memory["temp"] <= temp - 1
+    kept, kept_history, kept_memory = _fit(monkeypatch, 1)  # no chunk gets under a line of 1 byte
+    assert kept_memory == free_memory
+    for other, history in ((halved, halved_history), (kept, kept_history)):
+        np.testing.assert_allclose(history.history["loss"], free_history.history["loss"], rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                     _weights(other.model), _weights(free.model))
+
+
+def test_a_step_under_the_line_is_compiled_once(monkeypatch, caplog):
+    """The check compiles the step its first call then finds compiled: no second compile."""
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        trainer, _, memory = _fit(monkeypatch, 2**40)
+    compiles = [r for r in caplog.records if "Finished XLA compilation of jit(train_step)" in r.getMessage()]
+    assert len(compiles) == 1 and memory["chunk"] == 29
+
+
+def test_bptt_has_no_chunk_to_halve(monkeypatch):
+    _, _, memory = _fit(monkeypatch, 1, algo="bptt")
+    assert "chunk" not in memory and memory["temp"] > 1
