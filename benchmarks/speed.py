@@ -394,10 +394,9 @@ SUMMARY = [
     "",
     "- **D-RTRL** costs less than BPTT at H = 128, B = 16: 0.80× on the GRU, 0.83× on the RLIF net and 0.81× "
     "on the feed-forward LIF net with the loss at every step, 0.42–0.53× with the loss at the last step, "
-    "0.63–0.71× at T = 2000. At B = 64 it takes 0.90× on the GRU, 1.01× on the RLIF net and 1.80× on the LIF "
-    "net, whose programs crossed the allocator's 32 MiB line when these rows were measured; the Trainer now "
-    "halves such a chunk (below: 1.18× and 0.88–0.90×). At H = 512 it takes 0.66–1.59×. Its "
-    "memory does not grow with T.",
+    "0.63–0.71× at T = 2000. At B = 64 it takes 0.90× on the GRU, 0.95× on the RLIF net and 1.35× on the LIF "
+    "net (1.01× and 1.80× in the run before, when their programs were over the allocator's 32 MiB line; "
+    "below). At H = 512 it takes 0.66–1.59×. Its memory does not grow with T.",
     "- **ES-D-RTRL** takes 0.54× BPTT's time on the LIF net, 0.56× on the RLIF net and 0.61× on the GRU at "
     "T = 200 in this run; 0.43–0.52× at T = 2000 and 0.22–0.26× with the loss at the last step. The run "
     "before, on the same code, read 0.59×, 0.63× and 0.61×: the RLIF net's processes spread over 0.55–0.65× "
@@ -456,10 +455,14 @@ READING = [
     "0.97× in 25). The automatic chunk sizes its buffers by an estimate of the rows it keeps "
     "(`online.chunk_size`), which misses the compiled program's temp memory by up to a quarter either way. "
     "So since the thirteenth session the Trainer reads the compiled step's temp memory before its first "
-    "batch and, when it is over the line and half the chunk brings it under, trains in half the chunk "
-    "(`online.chunk_cap`); `speed.py` caps its programs alike. The grid's rows above were measured before "
-    "that: their LIF and RLIF rows at B = 64 with the loss at every step ran in chunks of 100. The GRU's "
-    "D-RTRL at B = 64 (57.6 MiB, its trace alone 18 MiB) is over the line in any chunk and keeps its own.",
+    "batch and, when it is over the line and half the chunk (at least 32 steps) brings it under, trains in "
+    "half the chunk (`online.chunk_cap`); `speed.py` caps its programs alike. The grid's LIF and RLIF rows "
+    "at B = 64 with the loss at every step now run in chunks of 50: at T = 200 1.35× and 0.95× BPTT (medians "
+    "over 3 processes; 1.80× and 1.01× in chunks of 100). The faults are paid once per call, the shorter "
+    "chunks' work once per chunk, so the gain shrinks with T: alternated in one process, the LIF net ran "
+    "1.21 → 1.10× at T = 400, 0.96 → 0.96× at T = 800 and 0.94 → 0.96× at T = 2000 (CPU time 1.14 → 1.07×); "
+    "the grid's T = 2000 row moved from 1.00× to 1.15× across runs. The GRU's D-RTRL at B = 64 (57.6 MiB, "
+    "its trace alone 18 MiB) is over the line in any chunk and keeps its own.",
     "- What each change measured, and what was tried and reverted, is in the performance log "
     "([performance-log.md](performance-log.md)).",
 ]

@@ -13,7 +13,9 @@ import pytest
 import etrace_fit as ef
 from etrace_fit.algorithms import online
 
-from .test_trainer import _data, _model
+from etrace_fit.datasets import rate_discrimination
+
+from .test_trainer import C, _model
 
 
 def _weights(model):
@@ -39,7 +41,8 @@ def test_mmap_line_is_glibcs_on_cpu_or_the_threshold_the_environment_fixes(monke
     ({None: 150, 50: 80}, 100, 50, [None, 50]),     # over the line, half the chunk under it: halved
     ({None: 150, 50: 120}, 100, None, [None, 50]),  # half the chunk still over: the longer chunk stays
     ({None: 100, 50: 80}, 100, None, [None]),       # at the line: not compiled again
-    ({None: 150}, 1, None, []),                     # one step per chunk: nothing to halve, nothing compiled
+    ({None: 150, 32: 80}, 64, 32, [None, 32]),      # half the chunk is 32 steps: still long enough
+    ({None: 150, 31: 80}, 63, None, []),            # half would be under 32 steps: not even compiled
 ])
 def test_chunk_cap_halves_the_chunk_only_when_that_brings_the_program_under_the_line(monkeypatch, temps, chunk, cap,
                                                                                        asked):
@@ -54,7 +57,7 @@ def test_chunk_cap_halves_the_chunk_only_when_that_brings_the_program_under_the_
 
 def _fit(monkeypatch, line, algo="d_rtrl"):
     monkeypatch.setattr(online, "mmap_line", lambda: line)
-    x, y = _data(64)
+    x, y = rate_discrimination(64, seq_len=130, num_channels=C, low_rate=0.05, high_rate=0.3, seed=0)
     trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.5))
     history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0)
     return trainer, history, trainer.step_memory(x, y, batch_size=32)
@@ -65,9 +68,11 @@ def test_a_step_over_the_line_runs_in_half_the_chunk_with_the_same_training(monk
     memory, under the line; where halving does not get under it, the chunk stays."""
     free, free_history, free_memory = _fit(monkeypatch, None)
     chunk, temp = free_memory["chunk"], free_memory["temp"]
-    assert chunk == 29  # loss_on="last": the 29 steps before the last, which runs alone
+    # loss_on="last": the 129 steps before the last, which runs alone, in chunks of 64
+    # and one of 1 (129 = 3 · 43 has no divisor from 51 to 100); half: 32 (and one of 1)
+    assert chunk == 64
     halved, halved_history, halved_memory = _fit(monkeypatch, temp - 1)
-    assert halved_memory["chunk"] == 14 and halved_memory["temp"] <= temp - 1
+    assert halved_memory["chunk"] == 32 and halved_memory["temp"] <= temp - 1
     kept, kept_history, kept_memory = _fit(monkeypatch, 1)  # no chunk gets under a line of 1 byte
     assert kept_memory == free_memory
     for other, history in ((halved, halved_history), (kept, kept_history)):
@@ -81,7 +86,7 @@ def test_a_step_under_the_line_is_compiled_once(monkeypatch, caplog):
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
         trainer, _, memory = _fit(monkeypatch, 2**40)
     compiles = [r for r in caplog.records if "Finished XLA compilation of jit(train_step)" in r.getMessage()]
-    assert len(compiles) == 1 and memory["chunk"] == 29
+    assert len(compiles) == 1 and memory["chunk"] == 64
 
 
 def test_bptt_has_no_chunk_to_halve(monkeypatch):
