@@ -55,11 +55,11 @@ def test_chunk_cap_halves_the_chunk_only_when_that_brings_the_program_under_the_
     assert online.chunk_cap(lambda c: seen.append(c) or temps[c], chunk) is None and seen == []
 
 
-def _fit(monkeypatch, line, algo="d_rtrl"):
+def _fit(monkeypatch, line, algo="d_rtrl", **options):
     monkeypatch.setattr(online, "mmap_line", lambda: line)
     x, y = rate_discrimination(64, seq_len=130, num_channels=C, low_rate=0.05, high_rate=0.3, seed=0)
-    trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.5))
-    history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.5), **options)
+    history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=not options.get("stateful", False))
     return trainer, history, trainer.step_memory(x, y, batch_size=32)
 
 
@@ -92,3 +92,21 @@ def test_a_step_under_the_line_is_compiled_once(monkeypatch, caplog):
 def test_bptt_has_no_chunk_to_halve(monkeypatch):
     _, _, memory = _fit(monkeypatch, 1, algo="bptt")
     assert "chunk" not in memory and memory["temp"] > 1
+
+
+@pytest.mark.parametrize("options, chunk, halved_chunk", [
+    # windows of 100 steps (and one of 30) in chunks of 100, then of 50
+    (dict(update_every=100, loss_on="all"), 100, 50),
+    # 130 steps in two chunks of 65, then (at most 32) in five of 26, a divisor; the traces carry on
+    (dict(stateful=True, loss_on="all"), 65, 26),
+])
+def test_update_every_and_stateful_steps_are_halved_alike(monkeypatch, options, chunk, halved_chunk):
+    """The optimizer inside the sequence and the traces carried from batch to batch run
+    their chunks through the same cap: half the chunk, the same training."""
+    free, free_history, free_memory = _fit(monkeypatch, None, **options)
+    assert free_memory["chunk"] == chunk
+    halved, halved_history, halved_memory = _fit(monkeypatch, free_memory["temp"] - 1, **options)
+    assert halved_memory["chunk"] == halved_chunk and halved_memory["temp"] < free_memory["temp"]
+    np.testing.assert_allclose(halved_history.history["loss"], free_history.history["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 _weights(halved.model), _weights(free.model))
