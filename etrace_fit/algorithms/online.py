@@ -777,7 +777,7 @@ def chunk_size(pairs, rules, batch: int, itemsize: int, length: int, requested: 
     deferred to the chunk) would take more than the traces (or
     32 MiB when a rule reads and writes its trace once per chunk, D-RTRL's ``chunk``;
     16 MiB otherwise) and 32 steps halved likewise against the traces (or 64 MiB); at most the
-    sequence length ``length`` and ``cap`` (a limit :func:`fits_mmap_line` found), and
+    sequence length ``length`` and ``cap`` (a limit :func:`chunk_cap` found), and
     lowered (by at most half) to the size that leaves the shortest last chunk: a
     divisor of ``length`` when one exists."""
     if requested is not None:

@@ -658,7 +658,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """``(compiled, jitted step, reset)`` for this batch's shapes, kept per shape for
         the whole ``fit`` (no signature of the model's states per batch). ``max_chunk``:
         a new entry whose chunks take at most that many steps (:meth:`_under_line`)."""
-        key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
+        key = _shape_key((xs, ys, weight))
         entry = self._batch_programs.get(key)
         if entry is None or max_chunk is not None:
             if isinstance(xs, jax.Array) and not xs.is_fully_addressable:  # ProcessLocal: traced at its shapes
@@ -688,7 +688,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         shape and ``fit``, before the first call: the step is compiled there (the call
         then finds it compiled), and a second time, chunked shorter, only when it is
         over the line."""
-        key = (xs.shape, str(xs.dtype), ys.shape, str(ys.dtype), weight.shape)
+        key = _shape_key((xs, ys, weight))
         if key in self._sized:
             return compiled, step
         self._sized.add(key)
@@ -856,3 +856,4 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             warnings.warn("train_on_batch: the loss or gradient is not finite; the update was not applied",
                           RuntimeWarning, stacklevel=2)
         return keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict)
+
