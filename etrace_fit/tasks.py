@@ -377,6 +377,8 @@ def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> a
     parser.add_argument("--val-samples", type=int, help="validation sequences (default: the task's)")
     parser.add_argument("--lr", type=float, help="peak learning rate of the cosine schedule (default: the task's)")
     parser.add_argument("--memory-budget", help="trace memory per sample hybrid may spend on D-RTRL (default: 4MiB)")
+    parser.add_argument("--trace-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="the eligibility traces' dtype (default: the model's); bfloat16 halves their memory")
     parser.add_argument("--data-dir", help="where the dataset's files are (tasks read from files)")
     parser.add_argument("--mesh", default=None, metavar="auto|N",
                         help="data parallelism: split each batch over every device ('auto') or the first N "
@@ -491,6 +493,7 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     optimizer = optax.inject_hyperparams(optax.adam)(learning_rate=optax.cosine_decay_schedule(rate, steps))
     trainer = Trainer(model, algo=args.algo, optimizer=optimizer, seed=args.seed, loss=task.loss,
                       loss_on=task.loss_on, memory_budget=budget if args.algo == "hybrid" else None,
+                      trace_dtype=getattr(args, "trace_dtype", None),
                       regularizers=None if task.regularizers is None else task.regularizers(), mesh=_mesh(args))
     callbacks, folder = [], None
     if args.logdir.lower() != "none":

@@ -41,6 +41,20 @@ def test_a_short_train_prints_the_accuracy_and_where_the_logs_are(tmp_path, caps
     assert any("tfevents" in p.name for p in (runs[0] / "validation").iterdir())
 
 
+def test_trace_dtype_reaches_the_trainer(tmp_path, capsys, restore_dt):
+    from etrace_fit.tasks import add_arguments, run
+    import argparse
+
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", "none", "--verbose", "0",
+         "--trace-dtype", "bfloat16"])
+    trainer = run(args.task, args)["trainer"]
+    assert trainer.config["trace_dtype"] == "bfloat16" and "bfloat16" in trainer.report()
+    with pytest.raises(SystemExit):
+        main(["train", "--trace-dtype", "float16"])
+    assert "invalid choice: 'float16'" in capsys.readouterr().err
+
+
 def test_logdir_none_writes_no_logs(tmp_path, capsys, restore_dt, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", "none",

@@ -257,6 +257,16 @@ def _sum_to_shape(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return value.sum(axis=axes, keepdims=True) if axes else value
 
 
+def sample_norm(values: jax.Array) -> jax.Array:
+    """The 2-norm of each sample's entries (axis 0 is the batch), in at least float32,
+    scaled by the sample's largest magnitude so that no square overflows: a float32
+    trace whose norm is 1e20 reads 1e20, where summing its squares reads inf."""
+    values = values.astype(jnp.promote_types(values.dtype, jnp.float32)).reshape(values.shape[0], -1)
+    scale = jnp.max(jnp.abs(values), axis=1)
+    safe = jnp.where((scale > 0) & jnp.isfinite(scale), scale, 1.0)
+    return jnp.sqrt(jnp.square(values / safe[:, None]).sum(axis=1)) * jnp.where(jnp.isfinite(scale), safe, scale)
+
+
 def gram(a: jax.Array, b: jax.Array, merge: bool = True) -> jax.Array:
     """``Σ aᵀ b`` over every leading axis: ``a (..., K)``, ``b (..., O)`` → ``(K, O)``, a
     weight gradient from stacked rows. The product is taken with the smaller of ``K``,

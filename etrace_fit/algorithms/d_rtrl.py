@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .base import Fixed, PairSignals, TracedPair, gram, split_states
+from .base import Fixed, PairSignals, TracedPair, gram, sample_norm, split_states
 
 __all__ = ["DRTRL", "STEPWISE_NUMBERS", "advance_trace"]
 
@@ -356,5 +356,4 @@ class DRTRL:
         return self.chunk(traces, signals, t0)[1]
 
     def trace_norm(self, traces: jax.Array, t: jax.Array) -> jax.Array:
-        squares = jnp.square(traces.astype(jnp.promote_types(traces.dtype, jnp.float32)))
-        return jnp.sqrt(squares.reshape(squares.shape[0], -1).sum(axis=1))
+        return sample_norm(traces)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .base import PairSignals, TracedPair, gram, split_states
+from .base import PairSignals, TracedPair, gram, sample_norm, split_states
 
 __all__ = ["ESDRTRL", "resolve_decay"]
 
@@ -133,7 +133,7 @@ class ESDRTRL:
         regroups exactly into ``Σ_j e_jᵀ (dY_{j−1} + h_j − α dY_j) + e_Cᵀ dY_{C−1}``
         (``dY_{−1}`` = 0): each row of ``ε_x`` meets one signal row, in the order the
         step loop makes them."""
-        X, G, dY = signals.X, signals.G, signals.dY
+        G, dY = signals.G, signals.dY
         eps_x, eps_f, dY_prev = inner
         signal = self._history(G, eps_f, t).astype(dY_prev.dtype) + dY_prev
         if dY is not None:  # this pair takes its relation's one-step part
@@ -174,12 +174,11 @@ class ESDRTRL:
 
     def trace_norm(self, traces, t: jax.Array) -> jax.Array:
         """The norm of ``eps_x ⊗ eps_f`` (bias-corrected, as the gradient uses it)."""
-        eps_x, eps_f = traces
-        dtype = jnp.promote_types(eps_x.dtype, jnp.float32)
-        x_norm = jnp.square(eps_x.astype(dtype)).sum(axis=2)  # (B, P)
-        f_norm = jnp.square(eps_f.astype(dtype)).sum(axis=(2, 3))  # (B, P); ε_f is (B, P, S, O)
-        correction = 1.0 - jnp.asarray(self.alpha, dtype) ** jnp.maximum(t.astype(dtype), 1.0)
-        return jnp.sqrt((x_norm * f_norm).sum(axis=1)) / correction
+        eps_x, eps_f = traces  # (B, P, K) and (B, P, S, O): |ε_x ⊗ ε_f| = |ε_x| |ε_f| per patch
+        pairs = jax.vmap(sample_norm, in_axes=1, out_axes=1)
+        norm = sample_norm(pairs(eps_x) * pairs(eps_f))
+        correction = 1.0 - jnp.asarray(self.alpha, norm.dtype) ** jnp.maximum(t.astype(norm.dtype), 1.0)
+        return norm / correction
 
 
 class JoinedRows:

@@ -388,6 +388,25 @@ def _check_batch_axis(model, xs_leaves) -> None:
             )
 
 
+def check_trace_dtype(trace_dtype: Any) -> Any:
+    """``trace_dtype`` as a dtype (``None`` stays ``None``: the hidden states' dtype),
+    or a ``ConfigError`` that says what it may be. Float64 traces need 64-bit JAX,
+    without which JAX would make them float32 while the plan counts 8 bytes each."""
+    if trace_dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(trace_dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype not in _TRACE_DTYPES:  # (numpy: dtype("float64") == None)
+        raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got "
+                          f"{trace_dtype if dtype is None else dtype.name!r}")
+    if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+        raise ConfigError("trace_dtype float64 needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
+                          "before building the model")
+    return dtype
+
+
 def compile(  # noqa: A001 - the public name, as ef.compile
     model: Any,
     example: Any,
@@ -437,10 +456,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     mesh = resolve_mesh(mesh)
     alpha = resolve_decay(decay, rank)
     memory_budget = parse_bytes(memory_budget)
-    if trace_dtype is not None:
-        trace_dtype = jnp.dtype(trace_dtype)
-        if trace_dtype not in _TRACE_DTYPES:
-            raise ConfigError(f"trace_dtype must be float32, bfloat16 or float64, got {trace_dtype}")
+    trace_dtype = check_trace_dtype(trace_dtype)
     if step_fn is not None and not callable(step_fn):
         raise ConfigError(f"step_fn must be a callable (*inputs) -> outputs that calls the model, got "
                           f"{type(step_fn).__name__}")

@@ -59,29 +59,47 @@ def _global_norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Arra
 class Dashboards:
     """The Trainer's views of a run (a part of :class:`~etrace_fit.Trainer`)."""
 
-    #: Gradient (global) and eligibility-trace (per sample) norms above these at an
-    #: epoch's end make ``fit`` warn once: training is about to diverge or overflow.
+    #: A global gradient norm above this at an epoch's end makes ``fit`` warn once:
+    #: plain SGD steps of that size derail training (Adam's steps do not grow with it).
     EXPLODING_GRADIENT_NORM = 1e3
-    EXPLODING_TRACE_NORM = 1e8
+    #: A per-sample eligibility-trace norm above this makes ``fit`` warn once. ``None``
+    #: (default): the trace dtype's largest value to the power 3/4 (1.3e29 for float32
+    #: and bfloat16), a quarter of its exponent range short of overflowing. A large
+    #: trace alone is no error: floating point keeps its relative precision at any
+    #: size, and spiking models whose reset passes a surrogate gradient grow traces of
+    #: 1e7-1e9 with gradients that match BPTT's (the evidence task's ALIF net: cosine
+    #: 1 - 3e-11 at a trace norm of 7.7e8).
+    EXPLODING_TRACE_NORM: float | None = None
+
+    def _trace_norm_limit(self) -> tuple[float, str]:
+        """The trace norm ``fit`` warns above, and the trace dtype's name."""
+        plan = None if self.learner is None else self.learner.plan
+        dtype = jnp.dtype(jnp.float32 if plan is None else plan.trace_dtype)
+        limit = self.EXPLODING_TRACE_NORM
+        return (float(jnp.finfo(dtype).max) ** 0.75 if limit is None else limit), dtype.name
 
     def _check_norms(self, epoch: int) -> None:
-        """Warn (once per trainer) when the last batch's gradient or trace norms explode."""
+        """Warn (once per trainer) when the last batch's gradient or trace norms explode,
+        with the fix for each."""
         if self._norms_warned:
             return
         gradient = trace = 0.0
         if self.last_gradients is not None or self.last_trace_norms:
             gradient, trace = _norms(self.last_gradients, self.last_trace_norms)
+        limit, dtype = self._trace_norm_limit()
         found = []
         if not gradient <= self.EXPLODING_GRADIENT_NORM:
-            found.append(f"the gradient norm is {gradient:.3g}")
-        if not trace <= self.EXPLODING_TRACE_NORM:
-            found.append(f"an eligibility-trace norm is {trace:.3g}")
+            found.append(f"the gradient norm is {gradient:.3g}: clip the gradient (Trainer(grad_clip=1.0)) or "
+                         f"lower the learning rate")
+        if not trace <= limit:
+            fix = ("Trainer(trace_dtype='float64') (with jax_enable_x64) holds larger traces" if dtype != "float64"
+                   else "shorter sequences (or stateful=False) and smaller recurrent weights keep them smaller")
+            found.append(f"an eligibility-trace norm is {trace:.3g}, near {dtype}'s overflow "
+                         f"({float(jnp.finfo(dtype).max):.3g}): {fix}")
         if found:
             self._norms_warned = True
-            warnings.warn(f"epoch {epoch + 1}: {' and '.join(found)}, large enough to derail training or overflow "
-                          f"float32; clip the gradient (Trainer(grad_clip=1.0)), lower the learning rate, or use "
-                          f"trace_dtype float64 (TensorBoard's norms/ scalars follow them)", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(f"epoch {epoch + 1}: {'; '.join(found)} (TensorBoard's norms/ scalars follow them)",
+                          RuntimeWarning, stacklevel=4)
 
     def _warn_spiking_readout(self) -> None:
         """Spikes of the last step alone carry almost no gradient: say what learns."""
@@ -172,11 +190,12 @@ class Dashboards:
         targets = sequence_targets(ys, weight, self.regularizers, rates)
         if self._step_fn is None:
             return gradient_fidelity(self._model, xs, targets, self._step_loss, algo=self.algo, decay=self.decay,
-                                     memory_budget=self.memory_budget)
+                                     memory_budget=self.memory_budget, trace_dtype=self.trace_dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ApproximationWarning)  # what is measured here
             learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo, decay=self.decay,
-                                      memory_budget=self.memory_budget, step_fn=self._step_fn)
+                                      memory_budget=self.memory_budget, trace_dtype=self.trace_dtype,
+                                      step_fn=self._step_fn)
         return gradient_fidelity(learner, xs, targets)
 
     def summary(self, x: Any = None, print_fn: Any = print) -> str:

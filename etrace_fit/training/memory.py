@@ -35,4 +35,4 @@ def check_trace_memory(plan: Any, batch_size: int, available: int | None = None,
             f"the eligibility traces of a batch of {batch_size}{where} need {per_sample * local / 2**30:.2f} GiB "
             f"({per_sample / 2**20:.2f} MiB per sample) but {'each' if devices > 1 else 'the'} device has {available / 2**30:.2f} GiB: use a batch "
             f"size of at most {fits}, a smaller memory_budget (per sample) so hybrid picks ES-D-RTRL for more "
-            f"weights, or trace_dtype bfloat16; trainer.report() lists the traces")
+            f"weights, or Trainer(trace_dtype='bfloat16'); trainer.report() lists the traces")

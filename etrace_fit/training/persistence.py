@@ -121,7 +121,7 @@ class Persistence:
         (``Trainer.load(path, model, loss=my_loss)``); ``overrides`` replace any saved
         constructor argument."""
         manifest, _ = checkpoint.read_checkpoint(path)
-        nullable = ("decay", "update_every", "grad_clip", "memory_budget")
+        nullable = ("decay", "update_every", "grad_clip", "memory_budget", "trace_dtype")
         config = {k: v for k, v in dict(manifest.get("config") or {}).items() if v is not None or k in nullable}
         # Code is not data: a callable loss and regularisers must be passed again.
         for key, what in (("loss_callable", "loss"), ("regularizers", "regularizers")):

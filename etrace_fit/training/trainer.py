@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.learner import _check_batch_axis, _states_at, compile as compile_learner
+from ..algorithms.learner import _check_batch_axis, _states_at, check_trace_dtype, compile as compile_learner
 from ..algorithms.online import chunk_cap
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
@@ -94,6 +94,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             weights first, then the cheapest; ES-D-RTRL beyond it. The plan does not
             depend on the batch size; ``fit`` checks batch × bytes per sample against
             the device's memory before training. ``trainer.report()`` shows both.
+        trace_dtype: the eligibility traces' dtype: ``"float32"``, ``"bfloat16"``
+            (half the trace memory; gradients stay in the weights' dtype) or
+            ``"float64"`` (needs ``jax_enable_x64``). ``None`` (default): the hidden
+            states' dtype.
         stateful: as Keras' stateful RNNs — batch ``k + 1`` continues the sequences of
             batch ``k`` (the same streams, the next steps): hidden states *and*
             eligibility traces carry from batch to batch, so an online rule learns
@@ -140,6 +144,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         update_every: int | None = None,
         grad_clip: float | None = None,
         memory_budget: int | str | None = None,
+        trace_dtype: Any = None,
         stateful: bool = False,
         regularizers: Sequence[Any] | None = None,
         stop_on_nonfinite: bool = True,
@@ -158,6 +163,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if grad_clip is not None and not grad_clip > 0:
             raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
         parse_bytes(memory_budget)
+        trace_dtype = check_trace_dtype(trace_dtype)
         if not isinstance(stateful, bool):
             raise ConfigError(f"stateful must be True or False, got {stateful!r}")
         if not isinstance(stop_on_nonfinite, bool):
@@ -181,7 +187,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                            optimizer=optimizer if isinstance(optimizer, str) else None,
                            metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
-                           memory_budget=memory_budget, stateful=stateful, stop_on_nonfinite=stop_on_nonfinite,
+                           memory_budget=memory_budget, trace_dtype=None if trace_dtype is None else trace_dtype.name,
+                           stateful=stateful, stop_on_nonfinite=stop_on_nonfinite,
                            regularizers=[repr(r) for r in self.regularizers] or None)
         self.epoch = -1  # the last finished epoch
         self._callbacks = CallbackList()
@@ -189,7 +196,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.resume_epoch: int | None = None
         self.algo, self.decay, self.loss_on = algo, decay, loss_on
         self.time_major, self.seed, self.update_every = time_major, seed, update_every
-        self.memory_budget = memory_budget
+        self.memory_budget, self.trace_dtype = memory_budget, trace_dtype
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
         optimizer = get_optimizer(optimizer)
@@ -614,7 +621,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     _check_batch_axis(self._model, jax.tree.leaves(xs))
                     self.learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo,
                                                    decay=self.decay, memory_budget=self.memory_budget,
-                                                   plan_batch=xs.shape[1], step_fn=self._step_fn, mesh=self.mesh)
+                                                   trace_dtype=self.trace_dtype, plan_batch=xs.shape[1],
+                                                   step_fn=self._step_fn, mesh=self.mesh)
                 if self.learner.plan is not None:
                     check_trace_memory(self.learner.plan, xs.shape[1],
                                        devices=1 if self._placement is None else self._placement.size)
@@ -714,7 +722,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         for key in records[0][2] if records else ():
             logs[key] = sum(size * float(metrics[key]) for size, _, metrics, _ in records) / total
         skipped = sum(not bool(finite) for *_, finite in records)
-        fix = ("lower the learning rate, set grad_clip, or use trace_dtype float64 if eligibility traces overflow")
+        fix = ("lower the learning rate, set grad_clip, or use Trainer(trace_dtype='float64') if eligibility "
+               "traces overflow")
         if skipped and skipped == len(records) and self.stop_on_nonfinite:
             self.skipped_batches += skipped
             self.stop_training = True

@@ -196,7 +196,7 @@ def test_exploding_gradients_warn_once_with_the_fix():
     trainer.EXPLODING_GRADIENT_NORM = 1e-12  # any gradient counts as exploding here
     targets = np.full((8, 2), 1e3, np.float32)
     with pytest.warns(RuntimeWarning, match=r"epoch 1: the gradient norm is .*clip the gradient "
-                                            r"\(Trainer\(grad_clip=1.0\)\), lower the learning rate"):
+                                            r"\(Trainer\(grad_clip=1.0\)\) or lower the learning rate"):
         trainer.fit(x, targets, batch_size=8, epochs=2, verbose=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

@@ -1,0 +1,142 @@
+"""``Trainer(trace_dtype=...)``, the per-sample trace norms the rules report, and the
+warning ``fit`` gives when they near overflow (references: numpy in float64, BPTT)."""
+
+import warnings
+
+import brainstate
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import etrace_fit as ef
+from etrace_fit.algorithms.d_rtrl import DRTRL
+from etrace_fit.algorithms.eprop import EPropRule
+from etrace_fit.algorithms.esd_rtrl import ESDRTRL
+from etrace_fit.errors import ConfigError
+
+from .test_train_step import _data, _model
+
+
+def _np_norms(traces):
+    flat = np.asarray(traces, np.float64).reshape(len(traces), -1)
+    return np.sqrt((flat ** 2).sum(axis=1))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e25, 1e-30])
+def test_d_rtrl_and_eprop_trace_norms_are_per_sample_2_norms_at_any_scale(scale):
+    """float32 traces of norm 1e25 read 1e25 (their squares overflow float32); 1e-30
+    (squares under float32's smallest normal) reads 1e-30, not 0."""
+    traces = np.random.default_rng(0).normal(size=(3, 4, 5, 2)).astype(np.float32) * np.float32(scale)
+    got = np.asarray(DRTRL().trace_norm(jnp.asarray(traces), jnp.asarray(3)))
+    np.testing.assert_allclose(got, _np_norms(traces), rtol=1e-6)
+    # e-prop's trace norm is that of its filtered eligibility, the last state
+    got = np.asarray(EPropRule(kappa=0.9).trace_norm(jnp.asarray(traces), jnp.asarray(3)))
+    np.testing.assert_allclose(got, _np_norms(traces[:, :, -1:]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e15])
+def test_es_d_rtrl_trace_norm_is_the_bias_corrected_outer_products_norm(scale):
+    """|ε_x ⊗ ε_f| / (1 − α^t) per sample over the patches; at 1e15 the outer product's
+    entries are 1e30, whose squares overflow float32."""
+    rng = np.random.default_rng(1)
+    eps_x = (rng.normal(size=(3, 2, 4)) * scale).astype(np.float32)  # (B, P, K)
+    eps_f = (rng.normal(size=(3, 2, 2, 5)) * scale).astype(np.float32)  # (B, P, S, O)
+    outer = np.einsum("bpk,bpso->bpkso", eps_x.astype(np.float64), eps_f.astype(np.float64))
+    t, alpha = 4, 0.9
+    got = np.asarray(ESDRTRL(alpha).trace_norm((jnp.asarray(eps_x), jnp.asarray(eps_f)), jnp.asarray(t)))
+    np.testing.assert_allclose(got, _np_norms(outer) / (1 - alpha ** t), rtol=1e-5)
+
+
+def test_trace_norms_keep_zero_inf_and_nan():
+    traces = jnp.asarray([[0.0, 0.0], [1.0, jnp.inf], [jnp.nan, 1.0], [3.0, -4.0]], jnp.float32)
+    got = np.asarray(DRTRL().trace_norm(traces, jnp.asarray(1)))
+    assert got[0] == 0 and got[1] == np.inf and np.isnan(got[2]) and got[3] == pytest.approx(5.0)
+
+
+def _fitted(**options):
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo="d_rtrl", optimizer="sgd", **options)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    return trainer
+
+
+def _check(trainer, trace_norm):
+    trainer._norms_warned = False
+    trainer.last_gradients = None
+    trainer.last_trace_norms = {"layers.0.weight": jnp.asarray([1.0, trace_norm])}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer._check_norms(2)
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_large_traces_warn_only_near_their_dtypes_overflow_with_the_fix():
+    """A trace of norm 1e9 (what a spiking net whose reset passes a surrogate gradient
+    reaches with exact gradients) does not warn; 1e30 in float32 does, naming the dtype
+    and the fix, once per trainer; a limit set on the trainer is used instead."""
+    trainer = _fitted()
+    assert trainer._trace_norm_limit() == (pytest.approx(float(np.finfo(np.float32).max) ** 0.75), "float32")
+    assert _check(trainer, 1e9) == []
+    [message] = _check(trainer, 1e30)
+    assert message.startswith("epoch 3: an eligibility-trace norm is 1e+30, near float32's overflow (3.4e+38): "
+                              "Trainer(trace_dtype='float64') (with jax_enable_x64) holds larger traces")
+    assert "grad_clip" not in message
+    trainer.EXPLODING_TRACE_NORM = 1e8
+    assert len(_check(trainer, 1e9)) == 1
+    with warnings.catch_warnings():  # once per trainer
+        warnings.simplefilter("error")
+        trainer._check_norms(3)
+
+
+def test_exploding_gradient_and_trace_warn_together_each_with_its_fix():
+    trainer = _fitted()
+    trainer.EXPLODING_GRADIENT_NORM = 1e-12
+    trainer.EXPLODING_TRACE_NORM = 1e-12
+    x, y = _data(8)
+    with pytest.warns(RuntimeWarning) as caught:
+        trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    [message] = [str(w.message) for w in caught if "norm is" in str(w.message)]
+    assert "the gradient norm is" in message and "clip the gradient (Trainer(grad_clip=1.0)) or lower" in message
+    assert "an eligibility-trace norm is" in message and "trace_dtype='float64'" in message
+
+
+def test_bfloat16_traces_halve_the_trace_memory_and_keep_the_gradient():
+    full, half = _fitted(), _fitted(trace_dtype="bfloat16")
+    assert jnp.dtype(half.learner.plan.trace_dtype) == jnp.bfloat16 and half.trace_dtype == jnp.bfloat16
+    assert half.learner.plan.bytes_per_sample() * 2 == full.learner.plan.bytes_per_sample()
+    assert "bfloat16" in half.report()
+    for path, gradient in full.last_gradients.items():
+        a = np.concatenate([np.ravel(v) for v in gradient.values()]).astype(np.float64)
+        b = np.concatenate([np.ravel(v) for v in half.last_gradients[path].values()]).astype(np.float64)
+        assert half.last_gradients[path]["weight"].dtype == jnp.float32  # the weights' dtype
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99, path
+    assert not np.array_equal(a, b)  # the traces were rounded: it reached the program
+
+
+def test_float64_traces_need_x64_and_match_bptt_under_it():
+    with pytest.raises(ConfigError, match=r"trace_dtype float64 needs 64-bit JAX: call "
+                                          r"jax.config.update\('jax_enable_x64', True\)"):
+        ef.Trainer(_model(), trace_dtype="float64")
+    x, y = _data(8)
+    with brainstate.environ.context(precision=64):
+        trainer = _fitted(trace_dtype=np.float64)
+        assert jnp.dtype(trainer.learner.plan.trace_dtype) == jnp.float64
+        for path, fidelity in trainer.gradient_fidelity(x, y).items():
+            assert fidelity.cosine == pytest.approx(1.0, abs=1e-9), path
+            assert fidelity.norm_ratio == pytest.approx(1.0, rel=1e-6), path
+
+
+@pytest.mark.parametrize("bad, shown", [("int8", "'int8'"), (jnp.int32, "'int32'"),
+                                        ("half-precision", "'half-precision'")])
+def test_a_bad_trace_dtype_fails_in_the_constructor(bad, shown):
+    with pytest.raises(ConfigError, match=f"trace_dtype must be float32, bfloat16 or float64, got {shown}"):
+        ef.Trainer(_model(), trace_dtype=bad)
+
+
+def test_trace_dtype_is_saved_and_loaded(tmp_path):
+    trainer = _fitted(trace_dtype="bfloat16")
+    trainer.save(tmp_path / "run")
+    assert trainer.config["trace_dtype"] == "bfloat16"
+    loaded = ef.Trainer.load(tmp_path / "run", _model())
+    assert loaded.trace_dtype == jnp.bfloat16
+    assert ef.Trainer.load(tmp_path / "run", _model(), trace_dtype=None).trace_dtype is None
