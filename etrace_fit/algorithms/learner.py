@@ -31,7 +31,7 @@ from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeE
 from .base import traced_pairs
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
-from .online import TraceState, _assemble, build_online
+from .online import TraceState, _assemble, build_online, chunk_cap
 from .registry import check_algo, sequence_algo
 
 __all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
@@ -154,6 +154,7 @@ class Learner:
     placement: Any = None  # an etrace_fit.distributed.Placement: init/step split the batch over a mesh
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _notes: dict = dataclasses.field(default_factory=dict, repr=False)
+    _caps: dict = dataclasses.field(default_factory=dict, repr=False)  # under_line's decisions
 
     @property
     def rules(self) -> dict[str, str]:
@@ -222,6 +223,45 @@ class Learner:
             self._compiled[key] = CompiledSequence(graph, plan, program, jax.jit(
                 program.run, compiler_options=_compat.compiler_options()))
         return self._compiled[key]
+
+    def under_line(self, compiled: CompiledSequence, xs: Any, targets: Any, step_loss: Callable | None,
+                   name: Any, make: Callable[[CompiledSequence], Any], args: tuple, active: Any = None,
+                   length: int | None = None) -> tuple[CompiledSequence, Any]:
+        """``(compiled, fn)`` with ``fn = make(compiled)``, the jitted function a call runs
+        on ``args`` (``name``, hashable, tells such functions apart), kept under
+        ``online.mmap_line()`` where halving its chunk does it
+        (:func:`~etrace_fit.algorithms.online.chunk_cap`; the Trainer does the same for
+        its step): above the line every call page-faults its temp memory anew (D-RTRL
+        on the LIF net at H = 128, B = 64, T = 200: 1.69 → 1.18× BPTT). Decided once per
+        ``name``, loss and shapes of ``args``, before the first call; the check's compile
+        is the one that call needs. ``active`` and ``length`` (default ``xs``'s ``T``; an
+        ``update_every`` window): as ``OnlineProgram.chunk_for`` takes them.
+        Inside a user's jit (``brainstate.transform.jit``; the arguments are tracers)
+        nothing is checked and ``fn`` is the function ``make`` jitted, unjitted: the
+        program becomes part of theirs, which takes no nested compiler options."""
+        fn = make(compiled)
+        if any(_compat.is_tracer(leaf) for leaf in jax.tree.leaves(args)):
+            return compiled, fn.__wrapped__
+        if compiled.plan is None:
+            return compiled, fn
+        step_loss = self.step_loss if step_loss is None else step_loss
+        key = (name, _signature(args), step_loss)
+        if key not in self._caps:
+            entries = {None: (compiled, fn)}
+
+            def temp_at(cap):
+                if cap not in entries:
+                    capped = self.compiled(xs, targets, step_loss, max_chunk=cap)
+                    entries[cap] = (capped, make(capped))
+                return entries[cap][1].lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+            length = jnp.shape(jax.tree.leaves(xs)[0])[0] if length is None else length
+            self._caps[key] = chunk_cap(temp_at, compiled.program.chunk_for(length, active))
+        cap = self._caps[key]
+        if cap is None:
+            return compiled, fn
+        capped = self.compiled(xs, targets, step_loss, max_chunk=cap)
+        return capped, make(capped)
 
     def _note_new_program(self, key) -> None:
         """Keep at most :data:`MAX_PROGRAMS` programs (the oldest go), and warn once when a
@@ -325,15 +365,6 @@ class Learner:
                                                                 else None), targets)
         with _states_at(self.model, batch):
             compiled = self.compiled(xs, targets)
-        run = compiled.updates.get("stream")
-        if run is None:
-            program = compiled.program
-
-            def stream(weights, states, xs_leaves, targets, traces, active):
-                options = {} if active is None else {"active": active}
-                return program.run(weights, states, xs_leaves, targets, traces=traces, **options)
-
-            run = compiled.updates["stream"] = jax.jit(stream, compiler_options=_compat.compiler_options())
         module = compiled.module
         paths = {format_path(s.path): s.path for s in module.weights}
         weights = compiled.weight_leaves({paths[name]: value for name, value in state.weights.items() if name in paths})
@@ -343,8 +374,10 @@ class Learner:
         if isinstance(active, str):
             raise ConfigError(f"learner.step takes active as a (T,) bool array or None, got {active!r}")
         active = None if active is None else jnp.asarray(active, bool)
-        grad_leaves, losses, final, traces = run(weights, leaves, jax.tree.leaves(xs), targets,
-                                                 TraceState(state.traces, state.t), active)
+        args = (weights, leaves, jax.tree.leaves(xs), targets, TraceState(state.traces, state.t), active)
+        with _states_at(self.model, batch):
+            compiled, run = self.under_line(compiled, xs, targets, None, "stream", _stream, args)
+        grad_leaves, losses, final, traces = run(*args)
         per_state = compiled.per_state(grad_leaves)
         grads = {name: per_state[path] if path in per_state else jax.tree.map(jnp.zeros_like, state.weights[name])
                  for name, path in ((n, paths.get(n)) for n in state.weights)}
@@ -354,13 +387,32 @@ class Learner:
     def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
         """``(grads, losses)`` of one sequence, as :func:`etrace_fit.sequence_grad`."""
         compiled = self.compiled(xs, targets)
-        module = compiled.module
-        grads_leaves, losses, final = compiled.run(compiled.weight_leaves(), module.state_leaves(),
-                                                   jax.tree.leaves(xs), targets)
+        args = (compiled.weight_leaves(), compiled.module.state_leaves(), jax.tree.leaves(xs), targets)
+        compiled, run = self.under_line(compiled, xs, targets, None, "grad", _run, args)
+        grads_leaves, losses, final = run(*args)
         compiled.write_states(final)
         grads = compiled.per_state(grads_leaves)
         return {path: grads[path] if path in grads else jax.tree.map(jnp.zeros_like, param.value)
                 for path, param in self.model.states(brainstate.ParamState).items()}, losses
+
+
+def _run(compiled: CompiledSequence) -> Any:
+    """The jitted sequence gradient of ``compiled`` (:meth:`Learner.grad`)."""
+    return compiled.run
+
+
+def _stream(compiled: CompiledSequence) -> Any:
+    """The jitted chunk of a stream of ``compiled`` (:meth:`Learner.step`), made once."""
+    run = compiled.updates.get("stream")
+    if run is None:
+        program = compiled.program
+
+        def stream(weights, states, xs_leaves, targets, traces, active):
+            options = {} if active is None else {"active": active}
+            return program.run(weights, states, xs_leaves, targets, traces=traces, **options)
+
+        run = compiled.updates["stream"] = jax.jit(stream, compiler_options=_compat.compiler_options())
+    return run
 
 
 def _positive_int(value: Any, name: str) -> int:

@@ -284,7 +284,10 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         0.629 → 0.577, D-RTRL 0.895 → 0.742; loss at the last step ES-D-RTRL 0.282 / 0.279
         → 0.223 / 0.241, D-RTRL 0.496 / 0.475 → 0.402 / 0.447; the demo's step (hybrid,
         B = 32, T = 230) 0.841 / 0.858 → 0.796 / 0.806× BPTT's batch. BPTT's ``jax.grad``
-        over ``lax.scan`` keeps the product in its loop."""
+        over ``lax.scan`` keeps the product in its loop. The input rows of a concatenation
+        (a GRU's ``[x, h]``) measured slower done so (ES-D-RTRL on the GRU 0.579 → 0.596×,
+        D-RTRL 0.806 → 0.919×; docs/performance-log.md, a fourteenth session): at B = 16
+        a step's thin product costs about as much over 128 rows as over 192."""
         leaves = assemble(weights, [None] * len(other_positions))
         found = {}
         for index in on_inputs:

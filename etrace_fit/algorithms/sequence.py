@@ -42,8 +42,18 @@ def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, mem
     """The program for these inputs, from ``model`` if it is a :class:`Learner`, else
     from the learner kept for ``model`` and these options (compiled again when the
     model changed). ``max_chunk``: see ``Learner.compiled``."""
+    learner = _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget, plan_batch,
+                       stacklevel=5)
+    return learner.compiled(xs, targets, step_loss, max_chunk=max_chunk)
+
+
+def _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None,
+             plan_batch=None, stacklevel=4) -> Learner:
+    """``model`` if it is a :class:`Learner`, else the learner kept for ``model`` and
+    these options (compiled again when the model changed), after checking the inputs;
+    ``stacklevel``: of the approximation warnings, for the public caller's caller."""
     if isinstance(model, Learner):
-        return model.compiled(xs, targets, step_loss, max_chunk=max_chunk)
+        return model
     check_algo(algo)
     if not callable(step_loss):
         raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got {type(step_loss).__name__}")
@@ -74,8 +84,8 @@ def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, mem
             model, jax.tree.map(lambda x: x[0], xs), algo=algo, decay=alpha, trace_dtype=trace_dtype,
             memory_budget=budget, plan_batch=plan_batch, warn=False)
         if learner.plan is not None:
-            warn_approximations(learner.plan, stacklevel=4)
-    return learner.compiled(xs, targets, step_loss, max_chunk=max_chunk)
+            warn_approximations(learner.plan, stacklevel=stacklevel)
+    return learner
 
 
 def _prepare(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None, plan_batch=None,
@@ -143,9 +153,11 @@ def sequence_grad(
 
         grads, losses = sequence_grad(model, xs, ys, lambda out, y: ((out - y) ** 2).sum())
     """
-    compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
-    grads_leaves, losses, final_leaves = compiled.run(compiled.weight_leaves(), compiled.state_leaves(),
-                                                      jax.tree.leaves(xs), targets)
+    learner = _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
+    compiled = learner.compiled(xs, targets, step_loss)
+    args = (compiled.weight_leaves(), compiled.state_leaves(), jax.tree.leaves(xs), targets)
+    compiled, run = learner.under_line(compiled, xs, targets, step_loss, "grad", lambda c: c.run, args)
+    grads_leaves, losses, final_leaves = run(*args)
     compiled.write_states(final_leaves)
     grads = compiled.per_state(grads_leaves)
     params = (model.model if isinstance(model, Learner) else model).states(brainstate.ParamState)
@@ -194,20 +206,28 @@ def online_fit(
     if sequence_algo(algo) is not None:
         raise ConfigError(f"update_every needs an online rule ({', '.join(map(repr, ONLINE_ALGOS))}); BPTT must see the "
                           "whole sequence before it has a gradient")
-    compiled = _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
+    learner = _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
+    compiled = learner.compiled(xs, targets, step_loss)
     if compiled.plan is None:
         raise ConfigError("update_every needs an online rule; this learner was compiled with algo='bptt'")
     weights = compiled.weight_leaves()
     if opt_state is None:
         opt_state = optimizer.init(weights)
     key = ("online_fit", optimizer, update_every)
-    if key not in compiled.updates:
-        program = compiled.program
-        compiled.updates[key] = jax.jit(
-            lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every),
-            compiler_options=_compat.compiler_options())
-    weights, opt_state, losses, final_leaves = compiled.updates[key](weights, compiled.state_leaves(),
-                                                                     jax.tree.leaves(xs), targets, opt_state)
+
+    def make(compiled):
+        if key not in compiled.updates:
+            program = compiled.program
+            compiled.updates[key] = jax.jit(
+                lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every),
+                compiler_options=_compat.compiler_options())
+        return compiled.updates[key]
+
+    args = (weights, compiled.state_leaves(), jax.tree.leaves(xs), targets, opt_state)
+    length = jnp.shape(jax.tree.leaves(xs)[0])[0]
+    compiled, run = learner.under_line(compiled, xs, targets, step_loss, key, make, args,
+                                       length=min(update_every, length))
+    weights, opt_state, losses, final_leaves = run(*args)
     compiled.write_states(final_leaves)
     for path, value in compiled.per_state(weights).items():
         compiled.module.state(path).state.value = value

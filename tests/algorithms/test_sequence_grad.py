@@ -548,3 +548,42 @@ def test_online_fit_argument_errors(small):
             ef.online_fit(model, xs, ys, mse, optax.sgd(0.1), update_every=0)
         with pytest.raises(ef.ConfigError, match="online rule"):
             ef.online_fit(model, xs, ys, mse, optax.sgd(0.1), algo="bptt")
+
+
+# ---------------------------------------------------------------- inside a user's jit
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "bptt"])
+def test_the_functional_api_runs_inside_a_users_jit(algo):
+    """sequence_grad, learner.grad, learner.step and online_fit inside
+    ``brainstate.transform.jit`` give what they give outside it. Their own programs are
+    jitted with compiler options, which JAX takes only at the top level: inside a user's
+    jit each runs unjitted, as part of the user's program (until 2026-11-27 every one
+    of them raised there)."""
+    import optax
+
+    def run(jit):
+        wrap = brainstate.transform.jit if jit else (lambda f: f)
+        model, xs, ys = _small()
+        out = {"sequence_grad": wrap(lambda xs: ef.sequence_grad(model, xs, ys, mse, algo=algo))(xs)}
+        model, xs, ys = _small()
+        learner = ef.compile(model, xs[0], mse, algo=algo)
+        with env():
+            learner.compiled(xs, ys)  # the model's step traced outside first
+            out["grad"] = wrap(lambda xs: learner.grad(xs, ys))(xs)
+            state = learner.init(B)
+            out["step"] = wrap(lambda state, xs: learner.step(state, xs, ys)[:2])(state, xs)
+        if algo != "bptt":
+            model, xs, ys = _small()
+            with env():
+                fit = wrap(lambda xs: ef.online_fit(model, xs, ys, mse, optax.sgd(0.1), update_every=4, algo=algo)[1])
+                out["online_fit"] = (fit(xs), jax.tree.map(np.asarray, model.states(brainstate.ParamState)
+                                                             .to_dict_values()))
+        return out
+
+    with env():
+        eager, jitted = run(False), run(True)
+    assert set(jitted) == set(eager)
+    for name in eager:
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name),
+                     jitted[name], eager[name])

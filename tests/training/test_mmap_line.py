@@ -110,3 +110,104 @@ def test_update_every_and_stateful_steps_are_halved_alike(monkeypatch, options, 
     np.testing.assert_allclose(halved_history.history["loss"], free_history.history["loss"], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  _weights(halved.model), _weights(free.model))
+
+
+# ---------------------------------------------------------------- the functional API
+
+B_API, T_API = 32, 130
+
+
+def _api_case(seed=0):
+    x, y = rate_discrimination(B_API, seq_len=T_API, num_channels=C, low_rate=0.05, high_rate=0.3, seed=seed)
+    xs = jax.numpy.asarray(np.swapaxes(x, 0, 1))  # time-major (T, B, C)
+    ys = jax.numpy.asarray(np.broadcast_to(np.eye(2, dtype=np.float32)[y], (T_API, B_API, 2)))
+    model = _model()
+    brainstate.nn.init_all_states(model, batch_size=B_API)
+    return model, xs, ys
+
+
+def _mse(out, target):
+    return ((out - target) ** 2).sum()
+
+
+def _deciding(monkeypatch, under):
+    """With ``under``, each program's line is put 1 byte under its own temp memory
+    (else there is no line); returns what ``chunk_cap`` decides: ``(chunk, cap, temp,
+    temp at the cap)`` per program."""
+    from etrace_fit.algorithms import learner as learner_module
+
+    line, decided, real = [None], [], online.chunk_cap
+    monkeypatch.setattr(online, "mmap_line", lambda: line[0])
+
+    def spy(temp_at, chunk):
+        free = temp_at(None)
+        line[0] = free - 1 if under else None
+        cap = real(temp_at, chunk)
+        decided.append((chunk, cap, free, None if cap is None else temp_at(cap)))
+        return cap
+
+    monkeypatch.setattr(learner_module, "chunk_cap", spy)
+    return decided
+
+
+def _close(a, b, rtol=1e-5):
+    """Equal to float32 rounding: relative, and absolute against the array's largest entry
+    (the chunks sum in another order)."""
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-6 * (1 + np.max(np.abs(v)))),
+                 a, b)
+
+
+def test_sequence_grad_and_learner_grad_run_under_the_line_with_the_same_gradients(monkeypatch):
+    """The functional API checks its program as the Trainer does, once per shape: over
+    the line, half the chunk (130 steps in chunks of 65, then of at most 32: 26), the
+    same gradients (chunked D-RTRL is exact), less temp memory."""
+    decided = _deciding(monkeypatch, under=False)
+    model, xs, ys = _api_case()
+    free, free_losses = ef.sequence_grad(model, xs, ys, _mse, algo="d_rtrl")
+    assert [d[:2] for d in decided] == [(65, None)]
+
+    decided = _deciding(monkeypatch, under=True)
+    learner = ef.compile(_api_case()[0], xs[0], _mse, algo="d_rtrl")
+    for run in (lambda: ef.sequence_grad(_api_case()[0], xs, ys, _mse, algo="d_rtrl"),
+                lambda: learner.grad(xs, ys)):
+        grads, losses = run()
+        np.testing.assert_allclose(losses, free_losses, rtol=1e-5)
+        _close(grads, free, rtol=1e-4)
+    assert [d[:2] for d in decided] == [(65, 32), (65, 32)]  # chunks of at most 32 steps:
+    assert learner.compiled(xs, ys, max_chunk=32).program.chunk_for(T_API) == 26  # 26, a divisor of 130
+    assert all(capped < free for _, _, free, capped in decided)
+    learner.grad(xs, ys)  # decided once per shape
+    assert len(decided) == 2
+
+
+def test_learner_step_and_online_fit_run_under_the_line_with_the_same_results(monkeypatch):
+    """A stream's chunks (learner.step) and online_fit's windows go through the same
+    cap: the same gradients, losses and trained weights in half the chunk."""
+    _, xs, ys = _api_case()
+    results, decisions = {}, {}
+    for under in (False, True):
+        decided = _deciding(monkeypatch, under)
+        learner = ef.compile(_api_case()[0], xs[0], _mse, algo="d_rtrl")
+        grads, losses, state = learner.step(learner.init(B_API), xs, ys)
+        model = _api_case()[0]
+        _, fit_losses = ef.online_fit(model, xs, ys, _mse, optax.sgd(0.1), update_every=100, algo="d_rtrl")
+        results[under] = (grads, losses, state.traces, fit_losses, _weights(model))
+        decisions[under] = [d[:2] for d in decided]
+    # the stream's 130 steps in chunks of 65 (then at most 32: 26); online_fit's windows of 100 in one
+    # chunk (then 50)
+    assert decisions == {False: [(65, None), (100, None)], True: [(65, 32), (100, 50)]}
+    _close(results[True], results[False])
+
+
+def test_nothing_is_checked_inside_a_users_jit(monkeypatch):
+    """Under jax.jit the arguments are tracers: the program is the user's to compile."""
+    decided = _deciding(monkeypatch, under=True)
+    _, xs, ys = _api_case()
+    learner = ef.compile(_api_case()[0], xs[0], _mse, algo="d_rtrl")
+    with brainstate.environ.context():  # the step traced at this shape first (tracing it under jit cannot write
+        learner.compiled(xs, ys)         # the model's states)
+    jitted = brainstate.transform.jit(lambda state, xs: learner.step(state, xs, ys)[1])
+    losses = jitted(learner.init(B_API), xs)
+    assert decided == []
+    np.testing.assert_allclose(losses, learner.step(learner.init(B_API), xs, ys)[1], rtol=1e-5)
+    assert [d[:2] for d in decided] == [(65, 32)]
