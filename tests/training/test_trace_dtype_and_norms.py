@@ -124,6 +124,11 @@ def test_float64_traces_need_x64_and_match_bptt_under_it():
         for path, fidelity in trainer.gradient_fidelity(x, y).items():
             assert fidelity.cosine == pytest.approx(1.0, abs=1e-9), path
             assert fidelity.norm_ratio == pytest.approx(1.0, rel=1e-6), path
+        # float64 traces warn near float64's overflow, with a fix other than float64
+        assert trainer._trace_norm_limit() == (pytest.approx(float(np.finfo(np.float64).max) ** 0.75), "float64")
+        assert _check(trainer, 1e200) == []
+        [message] = _check(trainer, 1e250)
+        assert "near float64's overflow (1.8e+308): shorter sequences" in message and "trace_dtype" not in message
 
 
 @pytest.mark.parametrize("bad, shown", [("int8", "'int8'"), (jnp.int32, "'int32'"),
