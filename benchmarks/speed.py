@@ -145,7 +145,7 @@ def weighted_loss(out, target):  # target = (y_t, w_t); w_t has shape (B,)
 
 def compile_rule(model, rule: str, xs, ys, loss: str):
     """The compiled whole-sequence gradient of ``rule``, its arguments, temp bytes and
-    chunk; an online program's chunk capped as the Trainer caps it (``online.chunk_cap``:
+    chunk; an online program's chunk capped as the Trainer caps it (``online.sized_program``:
     halved when that keeps its temp memory under glibc's mmap line)."""
     def compiled_at(cap):
         with warnings.catch_warnings():
@@ -166,16 +166,10 @@ def compile_rule(model, rule: str, xs, ys, loss: str):
         compiled = fn.lower(*args).compile()
         return compiled, args, compiled.memory_analysis().temp_size_in_bytes, chunk
 
-    made = {None: compiled_at(None)}
+    first = compiled_at(None)
     if rule == "bptt":
-        return made[None]
-
-    def temp_at(cap):
-        if cap not in made:
-            made[cap] = compiled_at(cap)
-        return made[cap][2]
-
-    return made[online.chunk_cap(temp_at, made[None][3])]
+        return first
+    return online.sized_program(first, compiled_at, lambda made: made[2], first[3])[1]
 
 
 def timed(compiled, args) -> tuple[float, float, int]:

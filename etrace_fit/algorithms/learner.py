@@ -31,7 +31,7 @@ from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeE
 from .base import traced_pairs
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
-from .online import TraceState, _assemble, build_online, chunk_cap
+from .online import TraceState, _assemble, build_online, sized_program, temp_bytes
 from .registry import check_algo, sequence_algo
 
 __all__ = ["CompiledSequence", "Learner", "LearnerState", "compile"]
@@ -246,22 +246,20 @@ class Learner:
             return compiled, fn
         step_loss = self.step_loss if step_loss is None else step_loss
         key = (name, _signature(args), step_loss)
-        if key not in self._caps:
-            entries = {None: (compiled, fn)}
+        if key in self._caps:
+            if self._caps[key] is None:
+                return compiled, fn
+            capped = self.compiled(xs, targets, step_loss, max_chunk=self._caps[key])
+            return capped, make(capped)
 
-            def temp_at(cap):
-                if cap not in entries:
-                    capped = self.compiled(xs, targets, step_loss, max_chunk=cap)
-                    entries[cap] = (capped, make(capped))
-                return entries[cap][1].lower(*args).compile().memory_analysis().temp_size_in_bytes
+        def build(cap):
+            capped = self.compiled(xs, targets, step_loss, max_chunk=cap)
+            return capped, make(capped)
 
-            length = jnp.shape(jax.tree.leaves(xs)[0])[0] if length is None else length
-            self._caps[key] = chunk_cap(temp_at, compiled.program.chunk_for(length, active))
-        cap = self._caps[key]
-        if cap is None:
-            return compiled, fn
-        capped = self.compiled(xs, targets, step_loss, max_chunk=cap)
-        return capped, make(capped)
+        length = jnp.shape(jax.tree.leaves(xs)[0])[0] if length is None else length
+        self._caps[key], program = sized_program((compiled, fn), build, lambda p: temp_bytes(p[1], *args),
+                                                 compiled.program.chunk_for(length, active))
+        return program
 
     def _note_new_program(self, key) -> None:
         """Keep at most :data:`MAX_PROGRAMS` programs (the oldest go), and warn once when a

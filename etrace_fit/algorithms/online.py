@@ -750,6 +750,29 @@ def mmap_line() -> int | None:
     return int(fixed) if fixed.isdigit() else MMAP_LINE
 
 
+def sized_program(first: Any, build: Callable[[int], Any], temp: Callable[[Any], int], chunk: int
+                  ) -> tuple[int | None, Any]:
+    """``(cap, program)``: ``first`` (its chunks of ``chunk`` steps), or ``build(cap)``
+    where :func:`chunk_cap` caps the chunk; ``temp(program)`` is its temp bytes, which
+    compiles it (:func:`temp_bytes`). The one decision of the Trainer's step, the
+    functional API's programs (``Learner.under_line``) and ``benchmarks/speed.py``."""
+    made = {None: first}
+
+    def temp_at(cap):
+        if cap not in made:
+            made[cap] = build(cap)
+        return temp(made[cap])
+
+    cap = chunk_cap(temp_at, chunk)
+    return cap, made[cap]
+
+
+def temp_bytes(fn: Any, *args: Any, **kwargs: Any) -> int:
+    """XLA's temp memory of the jitted ``fn`` compiled for these arguments (a call with
+    them then finds it compiled)."""
+    return fn.lower(*args, **kwargs).compile().memory_analysis().temp_size_in_bytes
+
+
 def chunk_cap(temp_at: Callable[[int | None], int], chunk: int) -> int | None:
     """The cap on a program's chunk that keeps its temp memory under :func:`mmap_line`,
     from the compiled program itself (no estimate places a program within a few MiB

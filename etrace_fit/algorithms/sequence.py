@@ -21,7 +21,7 @@ from .. import _compat
 from ..errors import ConfigError, ShapeError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
-from .learner import CompiledSequence, Learner, _check_batch_axis, compile, warn_approximations
+from .learner import CompiledSequence, Learner, _check_batch_axis, _run, compile, warn_approximations
 from .registry import ONLINE_ALGOS, check_algo, sequence_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
@@ -156,7 +156,7 @@ def sequence_grad(
     learner = _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget)
     compiled = learner.compiled(xs, targets, step_loss)
     args = (compiled.weight_leaves(), compiled.state_leaves(), jax.tree.leaves(xs), targets)
-    compiled, run = learner.under_line(compiled, xs, targets, step_loss, "grad", lambda c: c.run, args)
+    compiled, run = learner.under_line(compiled, xs, targets, step_loss, "grad", _run, args)
     grads_leaves, losses, final_leaves = run(*args)
     compiled.write_states(final_leaves)
     grads = compiled.per_state(grads_leaves)

@@ -28,7 +28,7 @@ import optax
 
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import _check_batch_axis, _states_at, check_trace_dtype, compile as compile_learner
-from ..algorithms.online import chunk_cap
+from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
 from ..callbacks.progress_bar import epoch_line
@@ -702,17 +702,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._sized.add(key)
         if compiled.plan is None:
             return compiled, step
-        entries = {None: (compiled, step)}
-
-        def temp_at(cap):
-            if cap not in entries:
-                entries[cap] = self._batch_program(xs, ys, weight, max_chunk=cap)[:2]
-            return entries[cap][1].lower(*args, **options).compile().memory_analysis().temp_size_in_bytes
-
-        cap = chunk_cap(temp_at, self._chunk_of(compiled, xs.shape[0]))
-        if cap is None and len(entries) > 1:  # the shorter chunk did not help: back to the first program
-            self._batch_programs[key] = (compiled, step, self._reset_of(compiled))
-        return entries[cap]
+        _, (compiled, step) = sized_program(
+            (compiled, step), lambda cap: self._batch_program(xs, ys, weight, max_chunk=cap)[:2],
+            lambda program: temp_bytes(program[1], *args, **options), self._chunk_of(compiled, xs.shape[0]))
+        # the shape's entry from now on (a shorter chunk that did not help had taken its place)
+        self._batch_programs[key] = (compiled, step, self._reset_of(compiled))
+        return compiled, step
 
     def _epoch_logs(self, epoch: int, records: list) -> dict[str, float]:
         """Size-weighted means of the batches' loss and metrics; warns when batches had a

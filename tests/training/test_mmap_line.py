@@ -134,8 +134,6 @@ def _deciding(monkeypatch, under):
     """With ``under``, each program's line is put 1 byte under its own temp memory
     (else there is no line); returns what ``chunk_cap`` decides: ``(chunk, cap, temp,
     temp at the cap)`` per program."""
-    from etrace_fit.algorithms import learner as learner_module
-
     line, decided, real = [None], [], online.chunk_cap
     monkeypatch.setattr(online, "mmap_line", lambda: line[0])
 
@@ -146,7 +144,7 @@ def _deciding(monkeypatch, under):
         decided.append((chunk, cap, free, None if cap is None else temp_at(cap)))
         return cap
 
-    monkeypatch.setattr(learner_module, "chunk_cap", spy)
+    monkeypatch.setattr(online, "chunk_cap", spy)
     return decided
 
 
