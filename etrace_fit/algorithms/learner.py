@@ -60,7 +60,8 @@ def _states_at(model: Any, batch_size: int):
     (reading initial values or tracing at another batch size leaves the model as it was)."""
     saved = {path: state.value for path, state in model.states().items()}
     try:
-        brainstate.nn.reset_all_states(model, batch_size=batch_size)
+        with jax.ensure_compile_time_eval():  # concrete values, also inside a user's jax.jit
+            brainstate.nn.reset_all_states(model, batch_size=batch_size)
         yield
     finally:
         for path, state in model.states().items():
@@ -347,7 +348,8 @@ class Learner:
         consecutive chunks add up to the gradient of the whole stream in one call
         (for BPTT, whose states carry but whose gradient stops at the chunk's start,
         to truncated BPTT). ``grads`` is keyed like ``state.weights``; ``active`` as in
-        the online programs (steps without loss skip their pull-back)."""
+        the online programs (steps without loss skip their pull-back). Runs under a
+        plain ``jax.jit`` as well as under ``brainstate.transform.jit``."""
         if not isinstance(state, LearnerState):
             raise ConfigError(f"learner.step takes the LearnerState of learner.init(batch_size), got "
                               f"{type(state).__name__}")

@@ -587,3 +587,26 @@ def test_the_functional_api_runs_inside_a_users_jit(algo):
     for name in eager:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name),
                      jitted[name], eager[name])
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl", "bptt"])
+def test_learner_step_runs_under_a_plain_jax_jit(algo):
+    """learner.step is pure, so ``jax.jit(learner.step)`` works from its first call (the
+    model's step traced inside the jit) and gives, over two chunks of a stream, the
+    gradients, losses and carried states of the eager calls. Until 2026-11-28 it raised
+    brainstate's TraceContextError: resetting the model's states at the batch size made
+    traced initial values under jax.jit and wrote them into the states."""
+    def two_chunks(step):
+        model, xs, ys = _small()
+        with env():
+            learner = ef.compile(model, xs[0], mse, algo=algo)
+            step = step(learner.step)
+            first = step(learner.init(B), xs[:4], ys[:4])
+            second = step(first[2], xs[4:], ys[4:])
+        return first, second
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        eager, jitted = two_chunks(lambda f: f), two_chunks(jax.jit)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), jitted, eager)
+    assert float(jnp.abs(jnp.asarray(jax.tree.leaves(eager[1][0])[0])).max()) > 0  # a gradient, not zeros
