@@ -15,9 +15,11 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
 import saiunit as u
 from brainstate.nn.init import Initializer as _Initializer
 
+from .. import _compat
 from ..errors import ConfigError, ShapeError
 
 __all__ = ["Decay", "Neuron", "SpikingLayer", "check_last_axis", "decay", "describe", "get_dt", "make_param",
@@ -62,9 +64,14 @@ def make_param(initializer: Initializer, shape: Sequence[int], what: str, layer:
     ``initializer`` is a ``brainstate.nn.init`` initializer, a callable of the shape,
     or an array that broadcasts to ``shape``. One of brainstate's own initializers runs
     as one compiled program per kind, settings and shape (:func:`_compiled_initializer`),
-    with the random state it would leave run op by op and its values to float rounding.
+    with the random state it would leave run op by op and its values to float rounding;
+    ``ZeroInit()`` and ``Constant(number)`` are filled on the host, and so is an array
+    (:func:`_constant_on_host`): no program is compiled for them.
     """
     shape = tuple(shape)
+    constant = _constant_on_host(initializer, shape, brainstate.environ.dftype())
+    if constant is not None:
+        return constant
     compiled = _compiled_initializer(initializer, shape) if callable(initializer) else None
     try:
         if compiled is not None:
@@ -84,14 +91,34 @@ class _NotBroadcastable(ValueError):
 def _as_param(value: Any, shape: tuple) -> Any:
     """``value``'s mantissa broadcast to ``shape`` in the environment's float dtype, with
     its unit (none when unitless)."""
-    mantissa = jnp.asarray(u.get_mantissa(value))
+    mantissa = u.get_mantissa(value)
+    xp = jnp if _compat.is_tracer(mantissa) else np  # concrete values: on the host (_constant_on_host)
+    mantissa = xp.asarray(mantissa)
     try:
-        mantissa = jnp.broadcast_to(mantissa, shape)
+        mantissa = xp.broadcast_to(mantissa, shape)
     except ValueError:
         raise _NotBroadcastable(mantissa.shape) from None
-    unit = u.get_unit(value)
-    mantissa = mantissa.astype(brainstate.environ.dftype())
-    return mantissa if unit.is_unitless else u.Quantity(mantissa, unit=unit)
+    unit = u.get_unit(value) if isinstance(value, u.Quantity) else None
+    mantissa = mantissa.astype(jnp.dtype(brainstate.environ.dftype()))
+    mantissa = mantissa if xp is jnp else jax.device_put(mantissa)
+    return mantissa if unit is None or unit.is_unitless else u.Quantity(mantissa, unit=unit)
+
+
+def _constant_on_host(initializer: Any, shape: tuple, dtype: Any) -> jax.Array | None:
+    """The values of brainstate's ``ZeroInit()`` or ``Constant(number)`` (unitless) at
+    ``shape``, made on the host and put on the device, or None for any other initializer.
+    Run by JAX op by op outside a jit, each such fill compiles a program of its own per
+    shape and dtype (30–40 ms on CPU): the demo's model took 14 of them between its
+    construction and its first step (2026-11-28)."""
+    kind = type(initializer)
+    if kind is brainstate.nn.init.ZeroInit and u.get_unit(initializer.unit).is_unitless:
+        value = 0
+    elif kind is brainstate.nn.init.Constant and isinstance(initializer.value, (int, float)) \
+            and not isinstance(initializer.value, bool):
+        value = initializer.value
+    else:
+        return None
+    return jax.device_put(np.full(shape, value, dtype=jnp.dtype(dtype)))
 
 
 # (initializer kind, settings, random state, shape, float dtype) → the compiled initializer
@@ -130,6 +157,10 @@ def _compiled_initializer(initializer: Any, shape: tuple) -> Callable[[], Any] |
 
 def make_state(initializer: Initializer, size: Sequence[int], batch_size: int | None) -> jax.Array:
     """A hidden-state value of shape ``(batch_size, *size)`` (``size`` when unbatched)."""
+    shape = tuple(size) if batch_size is None else (batch_size, *size)
+    constant = _constant_on_host(initializer, shape, brainstate.environ.dftype())
+    if constant is not None:
+        return constant
     value = brainstate.nn.init.param(initializer, tuple(size), batch_size)
     return jnp.asarray(value, dtype=brainstate.environ.dftype())
 
@@ -182,17 +213,19 @@ def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool
     Validates ``tau > 0``. A learned time constant is read through the elementwise ETP
     op by :func:`decay_of`, so the compiler relates it to the layer's hidden group.
     """
-    mantissa = jnp.asarray(u.get_mantissa(tau))
+    # Checked on the host: eager jnp ops compile a program per op and shape (~40 ms each
+    # on CPU; four of them made a third of the demo model's construction time).
+    mantissa = np.asarray(u.get_mantissa(tau))
     shape = (size,) if isinstance(size, int) else tuple(size)
     try:
-        mantissa = jnp.broadcast_to(mantissa, shape)
+        mantissa = np.broadcast_to(mantissa, shape)
     except ValueError:
         raise ShapeError(f"{describe(layer)}: {what} must be a scalar or have shape {shape}, got shape {mantissa.shape}") from None
-    if not bool(jnp.all(mantissa > 0)):
+    if not np.all(mantissa > 0):
         raise ConfigError(f"{describe(layer)}: {what} must be positive, got {tau}")
-    unit = u.get_unit(tau)
-    value = jnp.asarray(mantissa, dtype=brainstate.environ.dftype())
-    value = value if unit.is_unitless else u.Quantity(value, unit=unit)
+    unit = u.get_unit(tau) if isinstance(tau, u.Quantity) else None  # (get_unit makes a list a jax array)
+    value = jax.device_put(np.asarray(mantissa, dtype=jnp.dtype(brainstate.environ.dftype())))  # cast on the host
+    value = value if unit is None or unit.is_unitless else u.Quantity(value, unit=unit)
     return brainstate.ParamState(value) if learn else value
 
 
@@ -294,7 +327,7 @@ class Neuron(brainstate.nn.Module):
             raise ConfigError(f"{describe(self)}: '{name}' is already an attribute or a hidden state of this neuron")
         if not callable(init):
             try:
-                jnp.broadcast_to(jnp.asarray(u.get_mantissa(init)), self.shape)
+                np.broadcast_to(np.asarray(u.get_mantissa(init)), self.shape)
             except ValueError:
                 raise ShapeError(f"{describe(self)}: init of hidden state '{name}' must broadcast to {self.shape}, "
                                  f"got shape {jnp.shape(init)}") from None
@@ -302,12 +335,16 @@ class Neuron(brainstate.nn.Module):
 
     def _hidden_value(self, init: Any, dtype: Any, batch_size: int | None) -> jax.Array:
         dtype = brainstate.environ.dftype() if dtype is None else dtype
+        shape = self.shape if batch_size is None else (batch_size, *self.shape)
         if callable(init):
-            value = brainstate.nn.init.param(init, self.shape, batch_size)
-        else:
-            shape = self.shape if batch_size is None else (batch_size, *self.shape)
-            value = jnp.broadcast_to(jnp.asarray(u.get_mantissa(init)), shape)
-        return jnp.asarray(value, dtype=dtype)
+            constant = _constant_on_host(init, shape, dtype)
+            if constant is not None:
+                return constant
+            return jnp.asarray(brainstate.nn.init.param(init, self.shape, batch_size), dtype=dtype)
+        mantissa = u.get_mantissa(init)
+        if _compat.is_tracer(mantissa):
+            return jnp.asarray(jnp.broadcast_to(mantissa, shape), dtype=dtype)
+        return jax.device_put(np.broadcast_to(np.asarray(mantissa), shape).astype(jnp.dtype(dtype)))  # on the host
 
     def init_state(self, batch_size: int | None = None, **kwargs) -> None:
         for name, (init, dtype) in self._hidden_specs.items():

@@ -152,3 +152,41 @@ def test_initializers_with_their_own_random_state_draw_from_it():
     np.testing.assert_allclose(np.asarray(a), np.asarray(_op_by_op(init.KaimingNormal(seed=5), (6, 4))),
                                rtol=8 * eps, atol=8 * eps)
     assert not np.allclose(np.asarray(a), np.asarray(again))
+
+
+def test_constant_parameters_and_hidden_states_compile_no_program():
+    """Zeros, constants and arrays as parameters, time constants and hidden states are
+    made on the host (``base._constant_on_host``): building a model of them, setting and
+    resetting its states at two batch sizes compiles nothing, with caches cleared first
+    (before 2026-11-28 the demo's model compiled 14 one-op programs there, 30–40 ms
+    each), and the values and dtypes are those asked for."""
+    from etrace_fit import layers
+
+    compiles = []
+
+    def on_event(event, duration, **kwargs):
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    jax.clear_caches()
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        with brainstate.environ.context(dt=1.0):
+            linear = layers.Linear(7, 19, w_init=init.Constant(0.25), b_init=np.arange(19.0))
+            alif = layers.ALIF(19, tau=np.linspace(5.0, 9.0, 19), refractory=2, state_init=init.Constant(-0.5))
+            readout = layers.LeakyRateReadout(19, 3, w_init=init.ZeroInit(), b_init=init.Constant(0.1))
+            for module in (linear, alif, readout):
+                brainstate.nn.init_all_states(module, batch_size=5)
+                brainstate.nn.reset_all_states(module, batch_size=6)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert compiles == []
+    params = linear.weight.value
+    np.testing.assert_array_equal(params["weight"], np.full((7, 19), 0.25, np.float32))
+    np.testing.assert_array_equal(params["bias"], np.arange(19.0, dtype=np.float32))
+    assert params["weight"].dtype == params["bias"].dtype == jnp.float32
+    np.testing.assert_allclose(alif.tau, np.linspace(5.0, 9.0, 19).astype(np.float32))
+    np.testing.assert_array_equal(alif.V.value, np.full((6, 19), -0.5, np.float32))
+    assert alif.refractory_steps.value.dtype == jnp.int32 and alif.refractory_steps.value.shape == (6, 19)
+    np.testing.assert_array_equal(readout.weight.value["bias"], np.full(3, 0.1, np.float32))
+    np.testing.assert_array_equal(readout.r.value, np.zeros((6, 3), np.float32))
