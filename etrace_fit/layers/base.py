@@ -109,7 +109,7 @@ def _constant_on_host(initializer: Any, shape: tuple, dtype: Any) -> jax.Array |
     ``shape``, made on the host and put on the device, or None for any other initializer.
     Run by JAX op by op outside a jit, each such fill compiles a program of its own per
     shape and dtype (30–40 ms on CPU): the demo's model took 14 of them between its
-    construction and its first step (2026-11-28)."""
+    construction and its first step (2026-11-27)."""
     kind = type(initializer)
     if kind is brainstate.nn.init.ZeroInit and u.get_unit(initializer.unit).is_unitless:
         value = 0

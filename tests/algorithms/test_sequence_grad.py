@@ -593,7 +593,7 @@ def test_the_functional_api_runs_inside_a_users_jit(algo):
 def test_learner_step_runs_under_a_plain_jax_jit(algo):
     """learner.step is pure, so ``jax.jit(learner.step)`` works from its first call (the
     model's step traced inside the jit) and gives, over two chunks of a stream, the
-    gradients, losses and carried states of the eager calls. Until 2026-11-28 it raised
+    gradients, losses and carried states of the eager calls. Until 2026-11-27 it raised
     brainstate's TraceContextError: resetting the model's states at the batch size made
     traced initial values under jax.jit and wrote them into the states."""
     def two_chunks(step):

@@ -158,7 +158,7 @@ def test_constant_parameters_and_hidden_states_compile_no_program():
     """Zeros, constants and arrays as parameters, time constants and hidden states are
     made on the host (``base._constant_on_host``): building a model of them, setting and
     resetting its states at two batch sizes compiles nothing, with caches cleared first
-    (before 2026-11-28 the demo's model compiled 14 one-op programs there, 30–40 ms
+    (before 2026-11-27 the demo's model compiled 14 one-op programs there, 30–40 ms
     each), and the values and dtypes are those asked for."""
     from etrace_fit import layers
 

@@ -420,7 +420,7 @@ def test_a_fit_compiles_its_programs_and_no_one_op_program(algo, expected, caplo
     """From cleared caches, a fit of one epoch with validation compiles the optimizer's
     start (``init_fn``), the training step, the validation's forward pass and, for the
     online rules' readout memory, its decay (``extremes``); the hidden states it resets and
-    the step's placeholders are made on the host. Until 2026-11-28 eager zeros and
+    the step's placeholders are made on the host. Until 2026-11-27 eager zeros and
     constants at the batch size compiled one-op programs there as well (30–40 ms each:
     ~0.5 s of each ``etrace-fit train`` with the model's construction)."""
     import logging
