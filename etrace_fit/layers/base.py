@@ -91,25 +91,34 @@ class _NotBroadcastable(ValueError):
 def _as_param(value: Any, shape: tuple) -> Any:
     """``value``'s mantissa broadcast to ``shape`` in the environment's float dtype, with
     its unit (none when unitless)."""
-    mantissa = u.get_mantissa(value)
-    xp = jnp if _compat.is_tracer(mantissa) else np  # concrete values: on the host (_constant_on_host)
-    mantissa = xp.asarray(mantissa)
     try:
-        mantissa = xp.broadcast_to(mantissa, shape)
+        mantissa = filled(u.get_mantissa(value), shape, brainstate.environ.dftype())
     except ValueError:
-        raise _NotBroadcastable(mantissa.shape) from None
+        raise _NotBroadcastable(jnp.shape(u.get_mantissa(value))) from None
     unit = u.get_unit(value) if isinstance(value, u.Quantity) else None
-    mantissa = mantissa.astype(jnp.dtype(brainstate.environ.dftype()))
-    mantissa = mantissa if xp is jnp else jax.device_put(mantissa)
     return mantissa if unit is None or unit.is_unitless else u.Quantity(mantissa, unit=unit)
+
+
+def filled(value: Any, shape: tuple, dtype: Any) -> jax.Array:
+    """``value`` broadcast to ``shape`` as ``dtype``, made on the host with NumPy and put
+    on the device when it is concrete and NumPy knows the dtype: run by JAX op by op
+    outside a jit, each broadcast, cast or fill compiles a program of its own per shape
+    and dtype (30–40 ms on CPU; the demo's model took 14 of them between its
+    construction and its first step, 2026-11-27). A tracer stays with JAX. Raises
+    ``ValueError`` when ``value`` does not broadcast to ``shape``."""
+    if not _compat.is_tracer(value):
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:  # a dtype NumPy does not know (a random key's)
+            pass
+        else:
+            return jax.device_put(np.broadcast_to(np.asarray(value), shape).astype(dtype))
+    return jnp.broadcast_to(jnp.asarray(value), shape).astype(dtype)
 
 
 def _constant_on_host(initializer: Any, shape: tuple, dtype: Any) -> jax.Array | None:
     """The values of brainstate's ``ZeroInit()`` or ``Constant(number)`` (unitless) at
-    ``shape``, made on the host and put on the device, or None for any other initializer.
-    Run by JAX op by op outside a jit, each such fill compiles a program of its own per
-    shape and dtype (30–40 ms on CPU): the demo's model took 14 of them between its
-    construction and its first step (2026-11-27)."""
+    ``shape``, :func:`filled` on the host, or None for any other initializer."""
     kind = type(initializer)
     if kind is brainstate.nn.init.ZeroInit and u.get_unit(initializer.unit).is_unitless:
         value = 0
@@ -118,7 +127,7 @@ def _constant_on_host(initializer: Any, shape: tuple, dtype: Any) -> jax.Array |
         value = initializer.value
     else:
         return None
-    return jax.device_put(np.full(shape, value, dtype=jnp.dtype(dtype)))
+    return filled(value, shape, dtype)
 
 
 # (initializer kind, settings, random state, shape, float dtype) → the compiled initializer
@@ -213,8 +222,7 @@ def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool
     Validates ``tau > 0``. A learned time constant is read through the elementwise ETP
     op by :func:`decay_of`, so the compiler relates it to the layer's hidden group.
     """
-    # Checked on the host: eager jnp ops compile a program per op and shape (~40 ms each
-    # on CPU; four of them made a third of the demo model's construction time).
+    # Checked on the host: eager jnp ops compile a program per op and shape (filled).
     mantissa = np.asarray(u.get_mantissa(tau))
     shape = (size,) if isinstance(size, int) else tuple(size)
     try:
@@ -224,7 +232,7 @@ def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool
     if not np.all(mantissa > 0):
         raise ConfigError(f"{describe(layer)}: {what} must be positive, got {tau}")
     unit = u.get_unit(tau) if isinstance(tau, u.Quantity) else None  # (get_unit makes a list a jax array)
-    value = jax.device_put(np.asarray(mantissa, dtype=jnp.dtype(brainstate.environ.dftype())))  # cast on the host
+    value = filled(mantissa, shape, brainstate.environ.dftype())
     value = value if unit is None or unit.is_unitless else u.Quantity(value, unit=unit)
     return brainstate.ParamState(value) if learn else value
 
@@ -341,10 +349,7 @@ class Neuron(brainstate.nn.Module):
             if constant is not None:
                 return constant
             return jnp.asarray(brainstate.nn.init.param(init, self.shape, batch_size), dtype=dtype)
-        mantissa = u.get_mantissa(init)
-        if _compat.is_tracer(mantissa):
-            return jnp.asarray(jnp.broadcast_to(mantissa, shape), dtype=dtype)
-        return jax.device_put(np.broadcast_to(np.asarray(mantissa), shape).astype(jnp.dtype(dtype)))  # on the host
+        return filled(u.get_mantissa(init), shape, dtype)
 
     def init_state(self, batch_size: int | None = None, **kwargs) -> None:
         for name, (init, dtype) in self._hidden_specs.items():

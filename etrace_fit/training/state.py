@@ -16,11 +16,11 @@ from typing import Any, Callable, NamedTuple
 import brainstate
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _compat
 from ..algorithms.learner import _states_at
 from ..compiler import format_path
+from ..layers.base import filled
 
 __all__ = ["ModelSync", "Reset", "TrainState", "traced_reset"]
 
@@ -117,7 +117,7 @@ def traced_reset(model: Any, module: Any, batch_size: int) -> Reset:
                 elif id(state) not in weight_at:  # writes state outside the module: a random key
                     deterministic = False
         leaf += count
-    placeholders = tuple(_zeros(s) for s in shapes)
+    placeholders = tuple(filled(0, s.shape, s.dtype) for s in shapes)  # no program compiled
     if not deterministic:
         return Reset(tuple(positions), None, placeholders)
     avals = [v.aval for v in closed.jaxpr.invars]
@@ -204,11 +204,3 @@ class ModelSync:
                 cursor += count
         self.pending = False
 
-
-def _zeros(shape: Any) -> jax.Array:
-    """Zeros of ``shape``'s shape and dtype, made on the host where NumPy knows the dtype:
-    an eager ``jnp.zeros`` compiles a program per shape (30–40 ms on CPU)."""
-    try:
-        return jax.device_put(np.zeros(shape.shape, np.dtype(shape.dtype)))
-    except TypeError:  # a dtype NumPy does not know (a random key's)
-        return jnp.zeros(shape.shape, shape.dtype)
