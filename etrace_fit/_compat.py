@@ -351,3 +351,138 @@ def control_flow_operands(eqn: JaxprEqn, inner: Jaxpr) -> list[Any] | None:
     else:
         operands = list(eqn.invars)
     return operands if len(operands) == len(inner.invars) else None
+
+
+# ------------------------------------------------- values computed again from others
+#: Primitives each of whose output entries reads only the matching entries of its
+#: operands (or lays them out anew): cheap to compute again wherever their operands are.
+_ELEMENTWISE = frozenset({
+    "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "broadcast_in_dim",
+    "cbrt", "ceil", "clamp", "convert_element_type", "copy", "copy_p", "cos", "cosh", "div", "eq", "erf", "erf_inv",
+    "erfc", "exp", "exp2", "expand_dims", "expm1", "floor", "ge", "gt", "integer_pow", "is_finite", "le", "log",
+    "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "pow", "reduce_precision",
+    "rem", "reshape", "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt", "square", "squeeze", "stop_gradient",
+    "sub", "tan", "tanh", "transpose", "xor",
+})
+_CALLS = {"custom_jvp_call": "call_jaxpr", **{name: "jaxpr" for name in _NESTED_JIT}}
+
+
+def _elementwise(eqn: JaxprEqn) -> bool:
+    """Whether ``eqn`` is elementwise (:data:`_ELEMENTWISE`), or calls a jaxpr (a nested
+    jit such as ``jnp.where``'s, a ``custom_jvp`` function such as a spike's) of such
+    equations only."""
+    name = eqn.primitive.name
+    if name in _ELEMENTWISE:
+        return len(eqn.outvars) == 1
+    inner = eqn.params.get(_CALLS.get(name, ""))
+    if inner is None or eqn.params.get("num_consts"):
+        return False
+    inner = inner.jaxpr if isinstance(inner, ClosedJaxpr) else inner
+    return all(_elementwise(e) for e in inner.eqns)
+
+
+def _size(var: Any) -> int:
+    return int(var.aval.size) * var.aval.dtype.itemsize
+
+
+def recomputed_outputs(closed: ClosedJaxpr, candidates: Collection[int]) -> tuple[list[int], list[Any]]:
+    """Which of the outputs ``candidates`` of ``closed`` to compute again from fewer
+    bytes: ``(outputs, sources)``, where every chosen output is a chain of elementwise
+    equations (:func:`_elementwise`) of the variables ``sources`` (inputs of ``closed``
+    or outputs of other equations) and of its constants, and the sources take less
+    than half the outputs' bytes. A loop that stacks its outputs for a later loop can
+    then stack the sources instead and let the later loop compute the outputs again (a
+    neuron's Jacobian entries from its few states). Chosen by pruning, in each group of
+    candidates linked by shared sources (a hidden group's): start from all of them and
+    drop, while the score rises, the one whose leaving raises it most, the score being
+    the outputs' bytes less twice the sources': computing an output again costs
+    about as much as stacking a value more (D-RTRL on the GRU, whose five ``D`` and
+    ``Df`` slabs are gate functions of four pre-activations: 1.23x slower a sequence
+    recomputed, 2026-11-27). ``([], [])`` when nothing scores above zero."""
+    jaxpr = closed.jaxpr
+    consts = set(jaxpr.constvars)
+    sources_of: dict[Any, frozenset] = {}
+
+    def sources(var):
+        if isinstance(var, Literal) or var in consts:
+            return frozenset()
+        return sources_of.get(var, frozenset([var]))
+
+    for eqn in jaxpr.eqns:
+        if _elementwise(eqn):
+            sources_of[eqn.outvars[0]] = frozenset().union(*map(sources, eqn.invars))
+    found = {i: sources(jaxpr.outvars[i]) for i in candidates if not isinstance(jaxpr.outvars[i], Literal)}
+    found = {i: used for i, used in found.items() if jaxpr.outvars[i] not in used}  # not a source of its own
+
+    def score(outputs):
+        used = frozenset().union(*(found[i] for i in outputs))
+        return sum(_size(jaxpr.outvars[i]) for i in outputs) - 2 * sum(map(_size, used))
+
+    chosen = set()
+    for group in _sharing(found):  # outputs that share no source are chosen apart (one hidden group's)
+        while group:
+            best = max(group, key=lambda i: score(group - {i}))
+            if score(group - {best}) <= score(group):
+                break
+            group.remove(best)
+        if group and score(group) > 0:
+            chosen |= group
+    if not chosen:
+        return [], []
+    used = frozenset().union(*(found[i] for i in chosen))
+    order = {var: n for n, var in enumerate([*jaxpr.invars, *(v for e in jaxpr.eqns for v in e.outvars)])}
+    return sorted(chosen), sorted(used, key=order.__getitem__)
+
+
+def _sharing(found: dict) -> list[set]:
+    """The keys of ``found`` (each with a set of sources) in groups linked by shared
+    sources."""
+    groups: list[tuple[set, set]] = []
+    for key, used in found.items():
+        linked = [g for g in groups if g[1] & used]
+        keys, sources = {key}, set(used)
+        for g in linked:
+            keys |= g[0]
+            sources |= g[1]
+            groups.remove(g)
+        groups.append((keys, sources))
+    return [keys for keys, _ in groups]
+
+
+def with_outputs(closed: ClosedJaxpr, extra: list[Any]) -> ClosedJaxpr:
+    """``closed`` with the variables ``extra`` as more outputs after its own."""
+    return ClosedJaxpr(closed.jaxpr.replace(outvars=[*closed.jaxpr.outvars, *extra]), closed.consts)
+
+
+def derivation(closed: ClosedJaxpr, outputs: list[int], sources: list[Any]) -> ClosedJaxpr:
+    """The outputs ``outputs`` of ``closed`` as a function of ``sources`` (from
+    :func:`recomputed_outputs`): its equations between them, its constants closed over."""
+    jaxpr = closed.jaxpr
+    wanted = [jaxpr.outvars[i] for i in outputs]
+    needed, given, live = set(wanted), set(sources), []
+    for eqn in reversed(jaxpr.eqns):
+        if any(var in needed and var not in given for var in eqn.outvars):
+            live.append(eqn)
+            needed.update(var for var in eqn.invars if not isinstance(var, Literal))
+    # One equation per value: the step computes some of these more than once (a
+    # forward-mode pass per state evaluates the neuron's transition again each time),
+    # which this jaxpr need not, and JAX traces and lowers it at every use.
+    seen, renamed, kept = {}, {}, []
+    for eqn in live[::-1]:
+        invars = [renamed.get(v, v) if isinstance(v, Var) else v for v in eqn.invars]
+        try:
+            key = (eqn.primitive, tuple(sorted(eqn.params.items())),
+                   tuple(("literal", v.val.item() if hasattr(v.val, "item") else v.val, str(v.aval))
+                         if isinstance(v, Literal) else id(v) for v in invars))
+            hash(key)
+        except (TypeError, ValueError):  # an unhashable parameter or literal: kept as is
+            key = None
+        if key is not None and key in seen and len(eqn.outvars) == len(seen[key].outvars):
+            renamed.update(zip(eqn.outvars, seen[key].outvars))
+            continue
+        eqn = eqn.replace(invars=invars)
+        if key is not None:
+            seen[key] = eqn
+        kept.append(eqn)
+    wanted = [renamed.get(v, v) if isinstance(v, Var) else v for v in wanted]
+    return ClosedJaxpr(jaxpr.replace(invars=list(sources), outvars=wanted, eqns=kept), closed.consts)

@@ -63,6 +63,32 @@ class Fixed:
     steps: int = 1
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Derivation:
+    """Per-step values the step loop stacked instead of some of its signals (``inputs``,
+    each ``(C, ...)``), and ``outputs(indices)``: a function of those values at one step
+    that gives the signals with these indices at that step, as a list, by the
+    elementwise equations that made them in the step (only theirs: a rule that reads
+    one hidden group's signals does not trace the others')."""
+
+    outputs: Any
+    inputs: tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Derived:
+    """A stacked signal the engine did not stack, handed to a rule that says it reads
+    such (``takes_derived``): at each step it is the signal ``index`` of ``source``
+    (:class:`Derivation`), which the rule computes where it reads the step's signals (a
+    neuron's Jacobian entries from its states, which take fewer bytes to stack).
+    ``shape`` and ``dtype``: the stacked signal's. Not a pytree node."""
+
+    source: Derivation
+    index: int
+    shape: tuple
+    dtype: Any
+
+
 def split_states(signals: PairSignals) -> PairSignals:
     """The signals with every state axis split: ``D[s][r]`` (a nested tuple, ``None``
     where the entry is zero by construction), ``Df[s]`` and ``G[s]`` (tuples), each of
@@ -130,7 +156,9 @@ class Rule(Protocol):
     ``for_pair(pair)``: the rule specialised to one pair's structure (the engine calls
     it once per pair when it builds the program); and ``takes_fixed = True``: its
     ``chunk`` reads a :class:`Fixed` in place of any stacked signal that is the same at
-    every step (the engine then does not stack it).
+    every step (the engine then does not stack it); and ``takes_derived = True``: its
+    ``chunk`` reads a :class:`Derived` in place of a stacked signal that the step
+    computes elementwise from values that take fewer bytes (the engine stacks those).
     """
 
     name: str

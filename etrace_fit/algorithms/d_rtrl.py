@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .base import Fixed, PairSignals, TracedPair, gram, sample_norm, split_states
+from .base import Derived, Fixed, PairSignals, TracedPair, gram, sample_norm, split_states
 
 __all__ = ["DRTRL", "STEPWISE_NUMBERS", "advance_trace"]
 
@@ -56,6 +56,43 @@ def _merged(stacked: Any, fixed: Any) -> Any:
     if isinstance(stacked, tuple):
         return tuple(_merged(a, b) for a, b in zip(stacked, fixed))
     return fixed if stacked is None else stacked
+
+
+def _split_derived(tree: Any) -> tuple[Any, Any, list]:
+    """Nested tuples of stacked signals as the stacked entries (``None`` where
+    :class:`~.base.Derived`), the Derived ones (``None`` elsewhere) and, per
+    :class:`~.base.Derivation` they come from, ``(source, function of its inputs at one
+    step giving the signals read here)``."""
+    wanted: dict[int, tuple] = {}
+
+    def split(item):
+        if isinstance(item, tuple):
+            parts = [split(i) for i in item]
+            return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+        if isinstance(item, Derived):
+            source, indices = wanted.get(id(item.source), (item.source, set()))
+            wanted[id(item.source)] = (source, indices | {item.index})
+            return None, item
+        return item, None
+
+    stacked, derived = split(tree)
+    return stacked, derived, [(source, sorted(indices), source.outputs(sorted(indices)))
+                              for source, indices in wanted.values()]
+
+
+def _with_derived(stacked: Any, derived: Any, sources: list, inputs: tuple) -> Any:
+    """One step's signals: the slice ``stacked`` of the stacked entries with the
+    :class:`~.base.Derived` ones computed from the step's slice ``inputs`` of their
+    sources' inputs (``sources`` from :func:`_split_derived`, one call each)."""
+    values = {(id(source), index): value for (source, indices, outputs), step in zip(sources, inputs)
+              for index, value in zip(indices, outputs(*step))}
+
+    def merged(a, b):
+        if isinstance(a, tuple) or isinstance(b, tuple):
+            return tuple(merged(x, y) for x, y in zip(a, b))
+        return values[id(b.source), b.index] if isinstance(b, Derived) else a
+
+    return merged(stacked, derived)
 
 
 def _structural(value: Any) -> Any:
@@ -98,6 +135,10 @@ class DRTRL:
     #: :meth:`chunk` reads signals that are the same at every step as :class:`~.base.Fixed`
     #: (the engine then neither recomputes nor stacks them in its step loop).
     takes_fixed = True
+    #: It also reads as :class:`~.base.Derived` the slabs the step makes elementwise from values
+    #: of under half their bytes (a neuron's ``D`` from its states): the engine stacks those
+    #: values and :meth:`chunk_group` computes the slabs again in its backward pass.
+    takes_derived = True
 
     #: One more trace state per unit than the pair's own, which no other state depends
     #: on (e-prop's filtered eligibility ``ē``, ``eprop.EPropRule``); a pair's readout
@@ -285,24 +326,32 @@ class DRTRL:
         def reached(suffix, Df_r):  # Π_r Df_r per state
             return [filled(_total(_times(suffix[i][m], Df_r[m]) for m in S)) for i in S]
 
+        # Signals the step loop did not stack (Derived) are computed again from what it
+        # stacked instead, at each step of the backward pass.
+        (D, Dfs, G, dYs), derived, sources = _split_derived((D, Dfs, G, dYs))
+        source_inputs = tuple(source.inputs for source, _, _ in sources)
+
         if G is None:  # no learning signal in the chunk: advance the traces only
             def carry_only(suffix, inputs):
-                D_r, Dfs_r = _merged(inputs, (D_fixed, Dfs_fixed))
+                inputs, from_sources = inputs
+                D_r, Dfs_r = _merged(_with_derived(inputs, derived[:2], sources, from_sources), (D_fixed, Dfs_fixed))
                 return times(suffix, D_r), [reached(suffix, Df_r) for Df_r in Dfs_r]
 
-            decay, reach = lax.scan(carry_only, identity, (D, Dfs), reverse=True, length=steps)
+            decay, reach = lax.scan(carry_only, identity, ((D, Dfs), source_inputs), reverse=True, length=steps)
             mu, signal = None, [None] * len(rules)
         else:
             def back(carry, inputs):
                 lam, suffix = carry  # λ_r and Π_r
+                inputs, from_sources = inputs
+                inputs = _with_derived(inputs, (derived[2], *derived[:2], derived[3]), sources, from_sources)
                 G_r, D_r, Dfs_r, dYs_r = _merged(inputs, (G_fixed, D_fixed, Dfs_fixed, dYs_fixed))
                 signal = [filled(_total([_times(Df_r[s], lam[s]) for s in S] + [dY_r]))
                           for Df_r, dY_r in zip(Dfs_r, dYs_r)]
                 lam = [_total([G_r[j]] + [_times(D_r[i][j], lam[i]) for i in S]) for j in S]  # G + Dᵀ λ
                 return (lam, times(suffix, D_r)), ([reached(suffix, Df_r) for Df_r in Dfs_r], signal)
 
-            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity), (G, D, Dfs, dYs),
-                                                     reverse=True, length=steps)
+            (mu, decay), (reach, signal) = lax.scan(back, ([zero] * states, identity),
+                                                     ((G, D, Dfs, dYs), source_inputs), reverse=True, length=steps)
         return [rule._finish(trace, s.X, steps, mu, decay, reach_n, signal_n)
                 for rule, trace, s, reach_n, signal_n in zip(rules, traces, signals, reach, signal)]
 
