@@ -15,7 +15,8 @@ their ratios to the last algo, the page faults per batch (the process's minor fa
 a step whose temp memory the allocator maps anew at every call touches fresh pages, so
 its time depends on the allocator's settings, e.g. glibc's ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` in the environment), the seconds to trace and lower the step
-("lower") and to compile it, and its HLO instructions after optimisation.
+("lower") and to compile it, its HLO instructions after optimisation and its XLA temp
+memory (``compiled.memory_analysis()``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from etrace_fit.training.data import batches
 
 def build(task, algo: str):
     """The Trainer's jitted step for one batch of ``task`` under ``algo``, ready to call:
-    ``(step, state, xs, ys, weight)``, and the step's ``(lower s, compile s, HLO ops)``."""
+    ``(step, state, xs, ys, weight)``, and the step's ``(lower s, compile s, HLO ops, temp MiB)``."""
     data = task.make_data("train", 2 * task.batch_size, 0, None)
     x, y = np.asarray(data[0]), np.asarray(data[1])
     mask = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
@@ -60,7 +61,8 @@ def build(task, algo: str):
     compiled = lowered.compile()
     done = time.perf_counter()
     ops = sum(1 for line in compiled.as_text().splitlines() if line.startswith("  ") and " = " in line)
-    return (step, state, xs, ys, weight), (lowered_at - start, done - lowered_at, ops)
+    temp = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    return (step, state, xs, ys, weight), (lowered_at - start, done - lowered_at, ops, temp)
 
 
 def main() -> None:
@@ -95,15 +97,15 @@ def main() -> None:
     print(f"task {task.name}, batch {task.batch_size}, loss_on={task.loss_on!r}, {args.rounds} rounds of "
           f"{args.calls} calls")
     print(f"| algo | wall ms / batch | wall / {base} | cpu ms / batch | cpu / {base} | page faults / batch | "
-          "lower s | compile s | HLO ops |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "lower s | compile s | HLO ops | temp MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for algo in args.algos:
         cpu = statistics.median(c for c, _, _ in times[algo])
         wall = statistics.median(w for _, w, _ in times[algo])
         faults = statistics.median(f for _, _, f in times[algo])
-        lower, compile_, ops = compiles[algo]
+        lower, compile_, ops, temp = compiles[algo]
         print(f"| {algo} | {wall:.2f} | {wall / base_wall:.2f} | {cpu:.2f} | {cpu / base_cpu:.2f} | {faults:.0f} | "
-              f"{lower:.2f} | {compile_:.2f} | {ops} |")
+              f"{lower:.2f} | {compile_:.2f} | {ops} | {temp:.1f} |")
 
 
 if __name__ == "__main__":

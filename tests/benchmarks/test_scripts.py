@@ -26,10 +26,11 @@ def test_benchmark_script_runs(args):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bptt" in result.stdout or "compile_graph" in result.stdout
-    if args[0].endswith("demo_step.py"):  # each algo's row gives its page faults a batch, a count
+    if args[0].endswith("demo_step.py"):  # each algo's row: its page faults a batch (a count), its temp MiB
         rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(("| esd_rtrl", "| bptt"))]
-        assert "| page faults / batch |" in result.stdout and len(rows) == 2
+        assert "| page faults / batch |" in result.stdout and "| temp MiB |" in result.stdout and len(rows) == 2
         assert all(row[5].isdigit() for row in rows), rows
+        assert all(float(row[9].rstrip(" |")) > 0 for row in rows), rows
 
 
 @pytest.mark.slow
