@@ -328,13 +328,13 @@ class DRTRL:
 
         # Signals the step loop did not stack (Derived) are computed again from what it
         # stacked instead, at each step of the backward pass.
-        (D, Dfs, G, dYs), derived, sources = _split_derived((D, Dfs, G, dYs))
+        (G, D, Dfs, dYs), derived, sources = _split_derived((G, D, Dfs, dYs))  # in the scans' order
         source_inputs = tuple(source.inputs for source, _, _ in sources)
 
         if G is None:  # no learning signal in the chunk: advance the traces only
             def carry_only(suffix, inputs):
                 inputs, from_sources = inputs
-                D_r, Dfs_r = _merged(_with_derived(inputs, derived[:2], sources, from_sources), (D_fixed, Dfs_fixed))
+                D_r, Dfs_r = _merged(_with_derived(inputs, derived[1:3], sources, from_sources), (D_fixed, Dfs_fixed))
                 return times(suffix, D_r), [reached(suffix, Df_r) for Df_r in Dfs_r]
 
             decay, reach = lax.scan(carry_only, identity, ((D, Dfs), source_inputs), reverse=True, length=steps)
@@ -343,7 +343,7 @@ class DRTRL:
             def back(carry, inputs):
                 lam, suffix = carry  # λ_r and Π_r
                 inputs, from_sources = inputs
-                inputs = _with_derived(inputs, (derived[2], *derived[:2], derived[3]), sources, from_sources)
+                inputs = _with_derived(inputs, derived, sources, from_sources)
                 G_r, D_r, Dfs_r, dYs_r = _merged(inputs, (G_fixed, D_fixed, Dfs_fixed, dYs_fixed))
                 signal = [filled(_total([_times(Df_r[s], lam[s]) for s in S] + [dY_r]))
                           for Df_r, dY_r in zip(Dfs_r, dYs_r)]
