@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 import time
 import warnings
 from typing import Any, Mapping, Sequence
@@ -216,6 +217,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._sized: set[tuple] = set()  # batch shapes whose step _under_line has sized (one fit)
         self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
+        self._eval_compiling: threading.Thread | None = None  # fit's compilation of the validation ahead
         # From the last training batch, for dashboards: gradients per weight path
         # (None with update_every) and per-sample trace norms per traced weight.
         self.last_gradients: dict | None = None
@@ -580,6 +582,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                         self._check_targets(y, "y")
                     if isinstance(validation, Arrays):
                         self._check_targets(validation.y, "validation y")
+                        if len(validation.x) and any(map(validates, range(epoch, epochs))):
+                            self._compile_evaluation_ahead(validation, batch_size)
                 elif not is_array:  # an iterable's batches are checked as they come, before their step
                     self._check_targets(ys, f"y of batch {step}")
                     if self.sample_input is None:

@@ -413,13 +413,14 @@ def test_the_training_options_change_no_number():
 
 
 @pytest.mark.parametrize("algo, expected", [
-    ("bptt", ["init_fn", "train_step", "jaxpr_call"]),
-    ("hybrid", ["extremes", "init_fn", "train_step", "jaxpr_call"]),
+    ("bptt", ["jaxpr_call", "init_fn", "train_step"]),
+    ("hybrid", ["jaxpr_call", "extremes", "init_fn", "train_step"]),
 ])
 def test_a_fit_compiles_its_programs_and_no_one_op_program(algo, expected, caplog):
-    """From cleared caches, a fit of one epoch with validation compiles the optimizer's
-    start (``init_fn``), the training step, the validation's forward pass and, for the
-    online rules' readout memory, its decay (``extremes``); the hidden states it resets and
+    """From cleared caches, a fit of one epoch with validation compiles the validation's
+    forward pass (lowered on the first batch, compiled on a thread beside the rest), the
+    optimizer's start (``init_fn``), the training step and, for the online rules' readout
+    memory, its decay (``extremes``); the hidden states it resets and
     the step's placeholders are made on the host. Until 2026-11-27 eager zeros and
     constants at the batch size compiled one-op programs there as well (30–40 ms each:
     ~0.5 s of each ``etrace-fit train`` with the model's construction)."""
