@@ -401,9 +401,10 @@ SUMMARY = [
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
-    "accuracy in 0.89–1.07× BPTT's whole-run time, but reaches 0.93 1.02–1.28× later. Both reach 0.93 in "
-    "the same epoch, so the start decides: the hybrid's batch takes 0.92–0.97× BPTT's, but its step "
-    "compiles in 2.3–2.6 s against 1.2–1.4 s. The batch's lead is BPTT's page faults under glibc's default "
+    "accuracy in 0.89–1.07× BPTT's whole-run time, but reaches 0.93 1.02–1.40× later (0.98× with a "
+    "compile cache). Both medians are a third epoch's end, so the start decides: the hybrid's batch takes "
+    "0.92–0.97× BPTT's, but its step compiles in 1.8–1.9 s against 1.0–1.1 s (107 fusions against 73, each "
+    "~18 ms of XLA's compile). The batch's lead is BPTT's page faults under glibc's default "
     "allocator; with its settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
     "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead (0.99× "
     "the bare step's wall time, 1.02× its CPU time; `benchmarks/trainer_overhead.py`, 2026-11-27), chunked "
@@ -479,15 +480,19 @@ def demo_section() -> list[str]:
             "the last of 230 steps) against `--algo bptt` (and `--algo eprop`, the baseline users compare with), "
             "each seed trained from scratch, algos interleaved; "
             f"`{saved['meta']['command']}` on {saved['meta']['date']}:", "", *table(saved["results"]), "",
-            "What decides the time to 0.93: every seed reaches it in the same epoch under both algos (the "
-            "first or the third), so it is the start plus two or three epochs. The hybrid's later epochs are "
-            "faster (0.85–1.4 s against 1.2–1.5 s), but its first is 1–2 s longer: its step compiles in "
-            "2.3–2.6 s against 1.2–1.4 s (110 fusions against 73, `kernels.py --compile`) and is traced and "
-            "lowered in 0.7–1.0 s against 0.3–0.4 s. With a compile cache the seeds share (`demo.py "
-            "--compile-cache fresh`), the hybrid took 0.89× BPTT's whole run and 1.02× its time to 0.93. "
-            "The hybrid's faster batches themselves depend on the allocator: BPTT's step page-faults its "
-            "temp memory at every batch under glibc's default settings, and without that it is the faster "
-            "one (\"Reading the numbers\" above). "
+            "What decides the time to 0.93: the seeds' validation curves are the same from run to run, and "
+            "float rounding separates the two rules' curves within the first epoch: the hybrid reaches 0.93 at "
+            "its third, third and second epoch, BPTT at its second, third and third, so both medians are a "
+            "third epoch's end, the start plus two epochs. The hybrid's later epochs are faster (0.95–1.3 s "
+            "against 1.05–1.25 s), but its start is ~1 s longer: its step compiles in 1.8–1.9 s against "
+            "1.0–1.1 s (XLA's CPU compiler spends ~18 ms on every fusion however small, and the step has 107 "
+            "against BPTT's 73: the last step run alone, the one-step remainder, the trace norms; "
+            "`kernels.py --compile`) and is traced and lowered in 0.57 s against 0.37 s. The validation "
+            "program compiles beside that tracing under both (docs/training.md). With a compile cache the "
+            "seeds share (`demo.py --compile-cache fresh`), the hybrid took 0.94× BPTT's whole run and 0.98× "
+            "its time to 0.93 (2026-11-28). The hybrid's faster batches themselves depend on the allocator: "
+            "BPTT's step page-faults its temp memory at every batch under glibc's default settings, and "
+            "without that it is the faster one (\"Reading the numbers\" above). "
             "Earlier runs, and what changed between them: the performance log."]
 
 
