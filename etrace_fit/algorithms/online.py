@@ -74,7 +74,9 @@ _BASE_CHUNK, _BASE_BUFFER_BYTES = 32, 64 * 1024**2
 class Collected(NamedTuple):
     """What a run also returns with ``collect``: the model's ``outputs`` at every
     step (its output pytree, each leaf with a leading time axis) and each traced pair's
-    final ``trace_norms`` per sample (``(B,)`` in ``pairs`` order; none for BPTT)."""
+    final ``trace_norms`` per sample (``(B,)`` in ``pairs`` order; none for BPTT): of
+    the traces after the sequence's last step, or with ``active="last"`` of those the
+    last step's loss reads (before that step's input enters them)."""
 
     outputs: Any
     trace_norms: list
@@ -1122,17 +1124,23 @@ def build_online(
             # with its loss: no chunk of stacked signals that are zero but at one step.
             carry, head = run_steps(weights, carry, inputs, size, collect is True, pullback=False,
                                     length=length - 1, prepared=prepared)
+            # The norms are of the traces the last step's gradient reads: without a
+            # stream to hand them on, the traces after that step (its input added to
+            # them, read by no loss) are not computed (the demo's step: 2465 -> 2335
+            # HLO instructions, 87 -> 83 fusions outside its loops, 2026-11-28).
+            read = carry[1], carry[4]
             carry, last = chunk_steps(weights, carry, _slice(inputs, length - 1, 1), bool(collect), True, prepared)
             losses = jnp.concatenate([head[0], last[0]])
             out = (losses, last[1] if collect == "final" else jax.tree.map(
                 lambda a, b: jnp.concatenate([a, b]), head[1], last[1]))
         else:
             carry, out = run_steps(weights, carry, inputs, size, collect, prepared=prepared)
+            read = carry[1], carry[4]
         (others, traces, weight_acc, pair_acc, t), (losses, outputs) = carry, out
         grads = weight_gradients(weights, weight_acc, pair_acc, program.others(state_leaves),
                                  [x[0] for x in xs_leaves])
         final = program.assemble(weights, others)
-        result = (grads, losses, final) + ((Collected(outputs, trace_norms(traces, t)),) if collect else ())
+        result = (grads, losses, final) + ((Collected(outputs, trace_norms(*read)),) if collect else ())
         return result + ((TraceState(traces, t),) if streaming else ())
 
     def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every,

@@ -145,3 +145,23 @@ def test_trace_dtype_is_saved_and_loaded(tmp_path):
     loaded = ef.Trainer.load(tmp_path / "run", _model())
     assert loaded.trace_dtype == jnp.bfloat16
     assert ef.Trainer.load(tmp_path / "run", _model(), trace_dtype=None).trace_dtype is None
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl"])
+def test_with_the_loss_at_the_last_step_the_norms_are_of_the_traces_its_loss_reads(algo):
+    """``loss_on="last"`` reports the traces the last step's gradient reads, before that
+    step's input enters them (the traces after it are read by no loss and not computed):
+    the traces a run over the steps before the last ends with. Labels per step for the
+    second run: its loss at every step takes the same path to the end of its traces."""
+    x, y = _data(8)
+    steps = x.shape[1]
+    norms = {}
+    for loss_on, length in (("last", steps), ("all", steps - 1)):
+        trainer = ef.Trainer(_model(), algo=algo, optimizer="sgd", loss_on=loss_on)
+        labels = y if loss_on == "last" else np.repeat(y[:, None], length, axis=1)
+        trainer.train_on_batch(x[:, :length], labels)
+        norms[loss_on] = {path: np.asarray(n) for path, n in trainer.last_trace_norms.items()}
+    assert norms["last"].keys() == norms["all"].keys() == {"layers.0.weight", "layers.2.weight"}
+    for path in norms["last"]:
+        assert np.all(norms["last"][path] > 0)
+        np.testing.assert_allclose(norms["last"][path], norms["all"][path], rtol=1e-5)
