@@ -397,7 +397,12 @@ SUMMARY = [
     "and 0.57–0.69×, across the 0.6× target, and the GRU misses it in both (0.57–0.62×, 0.58–0.70×). Per "
     "step the rule runs the forward pass and the pull-back for its learning signal (docs/theory.md §5.8): "
     "0.53–0.57× of BPTT's per-step multiply-adds before any weight gradient (counted below). The GRU and "
-    "RLIF nets, whose steps are bound by those products, sit on that floor.",
+    "RLIF nets, whose steps are bound by those products, sit on that floor. On another machine of the same "
+    "kind (2026-11-28, three processes each, 7 rounds; not merged into the tables) the T = 200 rows read "
+    "0.56× (0.55–0.60) on the GRU, 0.59× (0.42–0.63) on the RLIF net and 0.63× (0.63–0.84) on the LIF net, "
+    "whose BPTT runs faster there (6.7–7.0 ms against 8.2); the commit these tables were measured at "
+    "(`9c8a025`) read 0.61× on the LIF net there too: which side of 0.6× the LIF net lands on moves with "
+    "the machine.",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
