@@ -75,6 +75,13 @@ class Evaluation:
         """A device array as numpy (gathered across processes in a multi-host run)."""
         return np.asarray(value) if self._placement is None else self._placement.fetch(value)
 
+    def _eval_program(self):
+        """The jitted evaluation step (built once): loss and metrics of a batch from
+        reset states (``carry``: from the carried ones)."""
+        if self._eval_step is None:
+            self._eval_step = self._build_eval_step()
+        return self._eval_step
+
     def _build_eval_step(self):
         model, loss_fn, regularizers = self._model, self.loss_fn, self.regularizers
         step = model if self._step_fn is None else self._step_fn
@@ -110,9 +117,7 @@ class Evaluation:
         first = next(iter(batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask)))
         xs, ys, weight = self._time_major(first, False)
         self._ensure_states(xs.shape[1])
-        if self._eval_step is None:
-            self._eval_step = self._build_eval_step()
-        lowered = self._eval_step.lower(*self._on_mesh(xs, ys, weight), False)
+        lowered = self._eval_program().lower(*self._on_mesh(xs, ys, weight), False)
 
         def compile_() -> None:
             try:
@@ -169,6 +174,9 @@ class Evaluation:
             source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask), False
         else:
             source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
+        if self._eval_compiling is not None:  # fit's compilation ahead: its result is JAX's to reuse
+            self._eval_compiling.join()
+            self._eval_compiling = None
         totals: dict[str, float] = {}
         count = 0
         hooks.on_test_begin({})
@@ -184,12 +192,8 @@ class Evaluation:
             elif not isinstance(data, Arrays):
                 check_finite(np.asarray(xs), f"x of batch {step}")
                 self._check_targets(ys, f"y of batch {step}")
-            if self._eval_step is None:
-                self._eval_step = self._build_eval_step()
-            if self._eval_compiling is not None:  # fit's compilation ahead: its result is JAX's to reuse
-                self._eval_compiling.join()
-                self._eval_compiling = None
-            logs = {key: float(value) for key, value in self._eval_step(*self._on_mesh(xs, ys, weight), False).items()}
+            result = self._eval_program()(*self._on_mesh(xs, ys, weight), False)
+            logs = {key: float(value) for key, value in result.items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
@@ -207,10 +211,8 @@ class Evaluation:
         self._ensure_states(xs.shape[1])
         self._push()
         carry = self.stateful and self._stream is not None and self._continue_stream(xs.shape[1])
-        if self._eval_step is None:
-            self._eval_step = self._build_eval_step()
         with self._keeping_streams():
-            logs = self._eval_step(xs, ys, weighted, carry)
+            logs = self._eval_program()(xs, ys, weighted, carry)
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
         return keras_result(logs, return_dict)
 
