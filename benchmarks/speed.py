@@ -17,6 +17,13 @@ any loss only advance the traces (BPTT has no such flag). "mask" (not in the def
 grid) weighs every 10th step 10/T and hands the online rules the per-step flags the
 Trainer passes for ``loss_on="mask"`` (``active`` = the steps with a weight).
 
+``--models`` also takes every other recurrent layer of the library (:data:`LIBRARY`, not
+in the default grid), each as ``cell(64, H) → Linear(H, 10)`` (the feed-forward spiking
+ones as ``Linear(64, H) → neuron(H) → Linear(H, 10)``) with the library's default
+initialisation and settings, on the GRU's inputs or, when spiking, the LIF net's: e.g.
+``--models lstm alif --hidden 128 --batch 16 --lengths 200 --processes 3``. The page
+lists them side by side (:func:`layers_table`).
+
 For every configuration (model, H, B, T, loss) it compiles one jitted whole-sequence
 gradient per rule (``etrace_fit.algorithms.sequence._prepare``, as ``rules.py`` does):
 ``bptt``, ``d_rtrl`` and ``esd_rtrl``, calls each once to warm up, then ``--repeats``
@@ -67,7 +74,24 @@ MiB, GiB = 2 ** 20, 2 ** 30
 BPTT_FLOATS = {"gru": 16, "rlif": 8, "lif": 8}
 GATES = {"gru": 3, "rlif": 1, "lif": 1}  # weights on [x, h] with a D-RTRL trace (B, I+H+1, H) each
 MODELS = ("gru", "rlif", "lif")
-SPIKING = ("rlif", "lif")
+
+# The library's other recurrent layers (--models, not in the default grid): name -> (what it
+# is, spiking inputs, the states per unit of its hidden group, the model for H units).
+LIBRARY = {
+    "vanilla": ("VanillaRNNCell(64, H)", False, 1, lambda h: [layers.VanillaRNNCell(I, h)]),
+    "lstm": ("LSTMCell(64, H)", False, 2, lambda h: [layers.LSTMCell(I, h)]),
+    "mgu": ("MGUCell(64, H)", False, 1, lambda h: [layers.MGUCell(I, h)]),
+    "minimalrnn": ("MinimalRNNCell(64, H)", False, 1, lambda h: [layers.MinimalRNNCell(I, h)]),
+    "mingru": ("MinGRUCell(64, H)", False, 1, lambda h: [layers.MinGRUCell(I, h)]),
+    "minlstm": ("MinLSTMCell(64, H)", False, 1, lambda h: [layers.MinLSTMCell(I, h)]),
+    "urlstm": ("URLSTMCell(64, H)", False, 2, lambda h: [layers.URLSTMCell(I, h)]),
+    "lru": ("LRU(64, H, H)", False, 2, lambda h: [layers.LRU(I, h, h)]),
+    "ralif": ("RecurrentALIF(64, H)", True, 2, lambda h: [layers.RecurrentALIF(I, h)]),
+    "alif": ("Linear(64, H) → ALIF(H)", True, 2, lambda h: [layers.Linear(I, h), layers.ALIF(h)]),
+    "synlif": ("Linear(64, H) → ExpSynapse(H) → LIF(H, tau=10)", True, 2,
+               lambda h: [layers.Linear(I, h), layers.ExpSynapse(h), layers.LIF(h, tau=10.0)]),
+}
+SPIKING = ("rlif", "lif", *(name for name, (_, spiking, _, _) in LIBRARY.items() if spiking))
 CHUNK_BUFFERS = 64 * MiB        # the online program's chunk buffers may take this much (online.py)
 
 # The issue's speed targets at H=128, B=16, T=200: (rule, loss, bound on wall time / BPTT's),
@@ -84,8 +108,9 @@ def log(message: str) -> None:
 def estimate_bytes(name: str, hidden: int, batch: int, length: int) -> int:
     """Peak memory of the largest of the three programs, roughly: BPTT's residuals grow
     with T; D-RTRL's traces (and the chunk buffers, about as large) do not."""
-    bptt = length * batch * hidden * BPTT_FLOATS[name] * 4
-    traces = GATES[name] * batch * (I + hidden + 1) * hidden * 4
+    states = LIBRARY[name][2] if name in LIBRARY else 1
+    bptt = length * batch * hidden * BPTT_FLOATS.get(name, 16 * states) * 4
+    traces = GATES.get(name, 4) * states * batch * (I + hidden + 1) * hidden * 4
     data = length * batch * (I + O + 1) * 4
     return max(bptt, 2 * traces + CHUNK_BUFFERS) + 3 * data
 
@@ -98,7 +123,10 @@ def build(name: str, hidden: int, batch: int):
         w = np.concatenate([rng.normal(0, 1 / np.sqrt(I), (I, hidden)),
                             rng.normal(0, 1 / np.sqrt(hidden), (hidden, hidden))]).astype(np.float32)
         cell = layers.RecurrentLIF(I, hidden, tau=10.0, w_init=w)
-    if name == "lif":
+    if name in LIBRARY:
+        brainstate.random.seed(0)  # the library's own initialisers: the same weights in every process
+        model = ef.Sequential(*LIBRARY[name][3](hidden), layers.Linear(hidden, O))
+    elif name == "lif":
         w = (rng.normal(0, 1.3 / np.sqrt(I), (I, hidden))).astype(np.float32)
         model = ef.Sequential(layers.Linear(I, hidden, w_init=w), layers.LIF(hidden, tau=10.0), layers.Linear(hidden, O))
     else:
@@ -326,6 +354,49 @@ def targets_table(results) -> list[str]:
     return lines
 
 
+GRID_LAYERS = {"gru": "GRUCell(64, H)", "rlif": "RecurrentLIF(64, H, tau=10)",
+               "lif": "Linear(64, H) → LIF(H, tau=10)"}
+
+
+def layers_table(results) -> list[str]:
+    """Every model measured at H = 128, B = 16, T = 200 (the grid's and the library's
+    others, :data:`LIBRARY`) side by side: BPTT's wall time with the loss at every step,
+    and each online rule's wall-time ratio to BPTT with the loss at every step and at
+    the last (a pooled row: the median over its processes and their range)."""
+    def ratio(entry, rule):
+        if entry is None:
+            return "—"
+        r = entry["rules"][rule]
+        ratios = r.get("wall_ratios")
+        return f"{r['wall_ratio']:.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "")
+
+    lines = ["| model | layers (then `Linear(H, 10)`) | states per unit | BPTT ms (loss all) | D-RTRL (all) | "
+             "ES-D-RTRL (all) | D-RTRL (last) | ES-D-RTRL (last) |", "|---|---|---|---|---|---|---|---|"]
+    for name in (*MODELS, *LIBRARY):
+        every, last = (find(results, model=name, H=128, B=16, T=200, loss=loss) for loss in ("all", "last"))
+        if every is None and last is None:
+            continue
+        layers_, states = (LIBRARY[name][0], LIBRARY[name][2]) if name in LIBRARY else (GRID_LAYERS[name], 1)
+        bptt = "—" if every is None else f"{every['rules']['bptt']['wall_median'] * 1e3:.1f}"
+        lines.append(f"| {name} | {layers_} | {states} | {bptt} | {ratio(every, 'd_rtrl')} | "
+                     f"{ratio(every, 'esd_rtrl')} | {ratio(last, 'd_rtrl')} | {ratio(last, 'esd_rtrl')} |")
+    return lines
+
+
+def layers_section(results) -> list[str]:
+    """The library's other recurrent layers beside the grid's models (when any was measured;
+    else no section), ending in a blank line."""
+    if not any(e["model"] in LIBRARY and "rules" in e for e in results):
+        return []
+    return ["## Every recurrent layer of the library", "",
+            "Each layer as `layer(64, H) → Linear(H, 10)` (the feed-forward neurons behind a `Linear(64, H)`), "
+            "the library's default initialisation and settings, H = 128, B = 16, T = 200, float32, on the GRU's "
+            "Gaussian inputs or the LIF net's spikes; wall time as a ratio to BPTT's, measured side by side "
+            "(the median over fresh processes and their range; each layer's section below has the rest). "
+            "\"states per unit\" is the size of the hidden group a weight drives (docs/theory.md §5.2), the "
+            "`S` of D-RTRL's trace `(B, K, O, S)`.", "", *layers_table(results), "", *LAYERS_READING, ""]
+
+
 def model_table(results, name: str) -> list[str]:
     lines = ["| H | B | T | loss | rule | chunk | cpu ms | wall ms | cpu/bptt | wall/bptt | temp MiB | temp/bptt | "
              "faults / call |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -342,7 +413,7 @@ def model_table(results, name: str) -> list[str]:
     rates = [f"H={e['H']} B={e['B']} T={e['T']} {e['loss']}: {e['firing_rate']:.1%}"
              for e in results if e["model"] == name and "firing_rate" in e]
     if rates:
-        lines += ["", "Mean firing rate of the LIF layer (first 100 steps): " + "; ".join(rates) + "."]
+        lines += ["", "Mean firing rate of the spiking layer (first 100 steps): " + "; ".join(rates) + "."]
     return lines
 
 
@@ -355,7 +426,7 @@ def plot(results, path: pathlib.Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "(matplotlib is not installed: no plot.)"
-    measured = [e for e in results if "rules" in e]
+    measured = [e for e in results if "rules" in e and e["model"] in MODELS]  # the grid's (layers_table: the rest)
     panels = sorted({(e["H"], e["B"], e["loss"]) for e in measured})
     if not panels:
         return "(nothing measured: no plot.)"
@@ -403,6 +474,10 @@ SUMMARY = [
     "whose BPTT runs faster there (6.7–7.0 ms against 8.2); the commit these tables were measured at "
     "(`9c8a025`) read 0.61× on the LIF net there too: which side of 0.6× the LIF net lands on moves with "
     "the machine.",
+    "- **Other layers** (2026-11-28, H = 128, B = 16, T = 200; \"Every recurrent layer of the library\" "
+    "below): ES-D-RTRL 0.52–0.69× BPTT on all eleven; D-RTRL 0.97–1.00× on the other one-state cells with a "
+    "recurrent product, 1.08–1.50× on two-state ones (LSTM, URLSTM, LRU, ALIF, RecurrentALIF, a synapse "
+    "before a LIF) and on the minimal gated cells (MinGRU 1.15×, MinLSTM 1.39×).",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
@@ -465,6 +540,28 @@ READING = [
     "its trace alone 18 MiB) is over the line in any chunk and keeps its own.",
     "- What each change measured, and what was tried and reverted, is in the performance log "
     "([performance-log.md](performance-log.md)).",
+]
+
+
+LAYERS_READING = [
+    "Read against the grid (2026-11-28, 3 processes a row, 7 rounds; the grid's three rows are the targets' "
+    "runs above):",
+    "",
+    "- **ES-D-RTRL** takes 0.52–0.69× BPTT's time on every layer with the loss at every step and 0.17–0.32× "
+    "with the loss at the last step: its step loop costs about the forward pass and the pull-back for the "
+    "learning signal, whatever the layer.",
+    "- **D-RTRL** costs about BPTT's time (0.80–1.00×) on the one-state layers whose step has a recurrent "
+    "product (GRU, RLIF, vanilla, MGU, MinimalRNN) and more on the others. With `S` states per unit its "
+    "trace has `S` slabs per weight and its chunk's GEMMs do about `S` times BPTT's weight-gradient "
+    "multiply-adds (docs/theory.md §5.9): 1.08–1.50× on the two-state layers (LRU 1.08×, RecurrentALIF "
+    "1.15×, the synapse-filtered LIF 1.37×, the feed-forward ALIF 1.42×, URLSTM 1.45×, LSTM 1.50×). On "
+    "the minimal gated cells, whose gates read the input alone (MinGRU 1.15×, MinLSTM 1.39×), BPTT has no "
+    "recurrent product to run per step, so its step is cheap, while D-RTRL still keeps a `(B, K, O)` trace "
+    "per gate. With the loss at the last step D-RTRL takes 0.42–1.01×.",
+    "- **What the default picks.** `hybrid` gives D-RTRL every weight whose trace fits the per-sample "
+    "budget (4 MiB), which all of these do at H = 128: an LSTM trains exactly at 1.5× BPTT's time, and "
+    "`algo=\"esd_rtrl\"` (or a smaller `memory_budget`) trades that exactness for 0.56× (docs/layers.md "
+    "says which rule is exact for each layer).",
 ]
 
 
@@ -584,7 +681,8 @@ def markdown(results, args, command: str, peak_rss: int, figure: str, date: str 
         *targets_table(results),
         "",
     ]
-    lines += [*SUMMARY, "", figure, "", *READING, "", *work_section(), "", *demo_section(), ""]
+    lines += [*SUMMARY, "", figure, "", *READING, "", *layers_section(results), *work_section(), "",
+              *demo_section(), ""]
     for name in sorted({e["model"] for e in results}):
         lines += [f"## {name}", "", *model_table(results, name), ""]
     return "\n".join(lines)
@@ -592,7 +690,8 @@ def markdown(results, args, command: str, peak_rss: int, figure: str, date: str 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *LIBRARY],
+                        help="the grid's models (default) and any of the library's other recurrent layers")
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--lengths", type=int, nargs="+", default=[200, 2000])

@@ -335,6 +335,68 @@ def test_pooled_processes_give_the_median_ratio_and_its_range():
     assert speed.pooled([skipped, skipped]) is skipped
 
 
+def test_the_layers_table_sets_every_measured_layer_beside_bptt():
+    """``speed.py --models`` with the library's other layers: one row per model measured
+    at H = 128, B = 16, T = 200 (the grid's first, then the library's in its order), BPTT's
+    time with the loss at every step and each rule's ratio with its process range; a loss
+    not measured reads "—", a model not measured at that size has no row; without any
+    library layer measured the page has no such section."""
+    speed = _speed_script()
+
+    def entry(model, loss, esd, ranges=None, hidden=128):
+        rules = {rule: {"wall_median": 0.02 * ratio, "wall_ratio": ratio, "cpu_ratio": ratio}
+                 for rule, ratio in (("bptt", 1.0), ("d_rtrl", 1.3), ("esd_rtrl", esd))}
+        if ranges:
+            rules["esd_rtrl"]["wall_ratios"] = ranges
+        return {"model": model, "H": hidden, "B": 16, "T": 200, "loss": loss, "rules": rules}
+
+    results = [entry("lstm", "all", 0.45, [0.41, 0.45, 0.5]), entry("gru", "all", 0.6), entry("gru", "last", 0.25),
+               entry("synlif", "all", 0.8, hidden=512)]
+    table = speed.layers_table(results)
+    rows = [line for line in table[2:]]
+    assert [row.split(" | ")[0] for row in rows] == ["| gru", "| lstm"]  # synlif: not at H = 128
+    assert rows[0] == "| gru | GRUCell(64, H) | 1 | 20.0 | 1.30 | 0.60 | 1.30 | 0.25 |"
+    assert rows[1] == "| lstm | LSTMCell(64, H) | 2 | 20.0 | 1.30 | 0.45 (0.41–0.50) | — | — |"
+    section = speed.layers_section(results)
+    assert section[0] == "## Every recurrent layer of the library" and section[-1] == ""
+    assert speed.layers_section([entry("gru", "all", 0.6)]) == []
+
+
+@pytest.mark.slow
+def test_every_library_layer_of_the_speed_script_builds_with_the_states_it_names():
+    """Each of speed.py's library models builds, runs a step, and its hidden group has the
+    number of states per unit the table prints (what D-RTRL's trace carries)."""
+    import warnings
+
+    import brainstate
+
+    from etrace_fit.algorithms.sequence import _prepare
+
+    speed = _speed_script()
+    brainstate.environ.set(dt=1.0)
+    for name, (_, spiking, states, _) in speed.LIBRARY.items():
+        model = speed.build(name, 8, 2)
+        xs, ys = speed.data(name, 2, 3, "all")
+        assert (name in speed.SPIKING) == spiking
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = _prepare(model, xs, ys, speed.weighted_loss, "d_rtrl", None, None, None)[3]
+        assert {pair.num_states for pair in program.pairs} == {states}, name
+
+
+@pytest.mark.slow
+def test_speed_script_measures_a_library_layer_into_its_own_row(tmp_path):
+    out = tmp_path / "performance.md"
+    result = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/speed.py", "--quick", "--models", "mingru",
+                             "--loss", "all", "--repeats", "1", "--write-docs", "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "## Every recurrent layer of the library" in text and "## mingru" in text
+    row = next(line for line in text.splitlines() if line.startswith("| mingru | MinGRUCell(64, H) | 1 |"))
+    assert all(cell.strip() != "—" for cell in row.split("|")[4:7]) and row.endswith("| — | — |")
+
+
 @pytest.mark.slow
 def test_speed_script_measures_a_configuration_in_processes_with_the_rules_in_turned_orders(tmp_path):
     import json
