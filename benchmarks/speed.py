@@ -559,9 +559,11 @@ LAYERS_READING = [
     "recurrent product to run per step, so its step is cheap, while D-RTRL still keeps a `(B, K, O)` trace "
     "per gate. With the loss at the last step D-RTRL takes 0.42–1.01×.",
     "- **What the default picks.** `hybrid` gives D-RTRL every weight whose trace fits the per-sample "
-    "budget (4 MiB), which all of these do at H = 128: an LSTM trains exactly at 1.5× BPTT's time, and "
-    "`algo=\"esd_rtrl\"` (or a smaller `memory_budget`) trades that exactness for 0.56× (docs/layers.md "
-    "says which rule is exact for each layer).",
+    "budget (4 MiB), which all of these do at H = 128: an LSTM trains by D-RTRL at 1.5× BPTT's time. "
+    "Through an LSTM's dense recurrence neither rule is exact, and D-RTRL's gradient is the closer one "
+    "(docs/fidelity.md); `algo=\"esd_rtrl\"` (or a smaller `memory_budget`) trades that for 0.56×. On the "
+    "per-unit layers (ALIF, the synapse, LRU, minGRU / minLSTM) D-RTRL is exact and ES-D-RTRL is not "
+    "(docs/layers.md says which rule is exact for each layer).",
 ]
 
 
