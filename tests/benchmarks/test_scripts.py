@@ -364,7 +364,7 @@ def test_the_layers_table_sets_every_measured_layer_beside_bptt():
 
 @pytest.mark.slow
 def test_every_library_layer_of_the_speed_script_builds_with_the_states_it_names():
-    """Each of speed.py's library models builds, runs a step, and its hidden group has the
+    """Each of speed.py's library models builds, its step traces, and its hidden group has the
     number of states per unit the table prints (what D-RTRL's trace carries)."""
     import warnings
 
