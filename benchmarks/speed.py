@@ -301,10 +301,13 @@ def pooled(entries: list[dict]) -> dict:
     return {**entries[0], "processes": len(entries), "rules": rules}
 
 
-def spread(r: dict, key: str = "wall") -> str:
-    """`` (low–high, N processes)`` after a pooled ratio, else nothing."""
+def spread(r: dict, key: str = "wall", count: bool = True) -> str:
+    """`` (low–high, N processes)`` after a pooled ratio (without the count: ``(low–high)``),
+    else nothing."""
     ratios = r.get(f"{key}_ratios")
-    return f" ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} processes)" if ratios else ""
+    if not ratios:
+        return ""
+    return f" ({min(ratios):.2f}–{max(ratios):.2f}" + (f", {len(ratios)} processes)" if count else ")")
 
 
 def find(results, **config):
@@ -364,11 +367,8 @@ def layers_table(results) -> list[str]:
     and each online rule's wall-time ratio to BPTT with the loss at every step and at
     the last (a pooled row: the median over its processes and their range)."""
     def ratio(entry, rule):
-        if entry is None:
-            return "—"
-        r = entry["rules"][rule]
-        ratios = r.get("wall_ratios")
-        return f"{r['wall_ratio']:.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "")
+        return "—" if entry is None else f"{entry['rules'][rule]['wall_ratio']:.2f}" + spread(entry["rules"][rule],
+                                                                                        count=False)
 
     lines = ["| model | layers (then `Linear(H, 10)`) | states per unit | BPTT ms (loss all) | D-RTRL (all) | "
              "ES-D-RTRL (all) | D-RTRL (last) | ES-D-RTRL (last) |", "|---|---|---|---|---|---|---|---|"]

@@ -353,7 +353,7 @@ def test_the_layers_table_sets_every_measured_layer_beside_bptt():
     results = [entry("lstm", "all", 0.45, [0.41, 0.45, 0.5]), entry("gru", "all", 0.6), entry("gru", "last", 0.25),
                entry("synlif", "all", 0.8, hidden=512)]
     table = speed.layers_table(results)
-    rows = [line for line in table[2:]]
+    rows = table[2:]
     assert [row.split(" | ")[0] for row in rows] == ["| gru", "| lstm"]  # synlif: not at H = 128
     assert rows[0] == "| gru | GRUCell(64, H) | 1 | 20.0 | 1.30 | 0.60 | 1.30 | 0.25 |"
     assert rows[1] == "| lstm | LSTMCell(64, H) | 2 | 20.0 | 1.30 | 0.45 (0.41–0.50) | — | — |"
