@@ -42,6 +42,8 @@ import jax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import speed  # noqa: E402
+
 # By the kernel's HLO name, in this order: a fusion is named after what it fuses
 # ("transpose_copy_fusion" transposes, "copy.12" only copies, "wrapped_broadcast.3" only
 # fills, "broadcast_add_fusion" adds).
@@ -123,8 +125,6 @@ def build(args) -> tuple:
         arguments = (state, [xs], ys, weight, None)
         jax.clear_caches()  # lowered anew, so that compiling it compiles (a lowering keeps its executable)
         return step.lower(*arguments, start=True), arguments
-    import speed
-
     model = speed.build(args.model, args.hidden, args.batch)
     xs, ys = speed.data(args.model, args.batch, args.length, args.loss)
     compiled, arguments, _, _ = speed.compile_rule(model, args.rule, xs, ys, args.loss)
@@ -133,7 +133,7 @@ def build(args) -> tuple:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gru", choices=["gru", "rlif", "lif"])
+    parser.add_argument("--model", default="gru", choices=[*speed.MODELS, *speed.LIBRARY])
     parser.add_argument("--rule", default="esd_rtrl", choices=["bptt", "d_rtrl", "esd_rtrl"])
     parser.add_argument("--loss", default="all", choices=["all", "last", "mask"])
     parser.add_argument("--hidden", type=int, default=128)

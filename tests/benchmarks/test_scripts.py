@@ -422,8 +422,8 @@ def test_speed_script_measures_a_configuration_in_processes_with_the_rules_in_tu
 def test_kernels_script_breaks_a_program_and_a_compilation_down():
     """benchmarks/kernels.py reads XLA's per-kernel events (a flag it sets before JAX
     starts): a step loop's kernels launch once per step, products and stacking writes
-    are told apart; ``--compile`` gives the compilation's phases."""
-    args = ["benchmarks/kernels.py", "--model", "lif", "--rule", "esd_rtrl", "--hidden", "8", "--batch", "2",
+    are told apart, for a layer of the library too; ``--compile`` gives the compilation's phases."""
+    args = ["benchmarks/kernels.py", "--model", "alif", "--rule", "esd_rtrl", "--hidden", "8", "--batch", "2",
             "--length", "6", "--calls", "2", "--top", "40"]
     result = subprocess.run([sys.executable, "-W", "ignore", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
