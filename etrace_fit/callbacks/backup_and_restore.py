@@ -33,7 +33,10 @@ class BackupAndRestore(Callback):
     - Temporary files of a killed write are removed when training starts; the folder
       must be writable, checked before training.
 
-    The backups are deleted when ``fit`` finishes all its epochs.
+    The backups are deleted when ``fit`` returns (all its epochs done, or stopped by
+    ``EarlyStopping``: the run is finished, as in Keras) — except after an epoch whose
+    loss was not finite (``TerminateOnNaN``, or every batch skipped): that run resumes
+    from its last finite epoch. An interrupted ``fit`` (an exception, Ctrl-C) keeps them.
 
     Args:
         backup_dir: the folder for the backups.
@@ -45,6 +48,7 @@ class BackupAndRestore(Callback):
     """
 
     restores_run = True
+    adds_log_keys = False
 
     def __init__(self, backup_dir: str, delete_on_finish: bool = True):
         self.backup_dir = os.fspath(backup_dir)
@@ -70,6 +74,7 @@ class BackupAndRestore(Callback):
         return sorted(found, reverse=True)
 
     def on_train_begin(self, logs=None):
+        self._unfinished = False  # the last epoch ended with a non-finite loss: keep the backups
         if is_main_process():  # multi-host: every process restores, process 0 alone writes
             writable_folder(self.backup_dir, "BackupAndRestore")
             remove_temporaries(self.backup_dir)
@@ -85,7 +90,8 @@ class BackupAndRestore(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
+        self._unfinished = loss is not None and not math.isfinite(float(loss))
+        if self._unfinished:
             warnings.warn(f"BackupAndRestore: epoch {epoch + 1} ended with loss {loss}; it is not backed up (a "
                           "resumed run starts from the last finite epoch)")
             return
@@ -97,7 +103,7 @@ class BackupAndRestore(Callback):
         barrier("etrace_fit BackupAndRestore rotated")
 
     def on_train_end(self, logs=None):
-        if self.delete_on_finish and not self.model.stop_training and is_main_process():
+        if self.delete_on_finish and not getattr(self, "_unfinished", False) and is_main_process():
             for path in (self.latest, self.previous, self.next):
                 if os.path.exists(path):
                     os.remove(path)

@@ -78,6 +78,10 @@ class Callback:
     #: callback: it writes files or prints (TensorBoard, CSVLogger, ModelCheckpoint,
     #: ProgressBar). The others run in every process, with the same logs.
     main_process_only: bool = False
+    #: Whether this callback may add keys to an epoch's ``logs`` (as ``GradientFidelity``
+    #: and a user's callbacks may): a monitored key that neither ``fit`` nor any such
+    #: callback logs is a :class:`~etrace_fit.ConfigError` before training.
+    adds_log_keys: bool = True
 
     def state_key(self) -> str:
         """The name this callback's state is saved under in a checkpoint: its type and
@@ -132,6 +136,15 @@ class Callback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def array_state(self) -> Any:
+        """Arrays a resumed run needs (a pytree of arrays, saved in the checkpoint's
+        payload beside the weights; ``None``: nothing), e.g. ``EarlyStopping``'s best
+        weights."""
+        return None
+
+    def load_array_state(self, arrays: Any) -> None:
+        """Restore what :meth:`array_state` returned."""
+
 
 def writable_folder(folder: str, owner: str) -> str:
     """Create ``folder`` (``""``: the working directory) and check a file can be written
@@ -155,8 +168,13 @@ def writable_folder(folder: str, owner: str) -> str:
 class CallbackList:
     """Calls each hook on every callback, in order."""
 
-    def __init__(self, callbacks: Iterable[Callback] | None = None, model: Any = None, params: dict | None = None):
+    def __init__(self, callbacks: Iterable[Callback] | None = None, model: Any = None, params: dict | None = None,
+                 record: Any = None):
         self.callbacks = list(callbacks or [])
+        # ``record(epoch, logs)``: called with the keys the callbacks added to an epoch's
+        # logs, after every callback's ``on_epoch_end`` but the restorers' (the History
+        # records them, as Keras' History, which runs last; a backup then holds them)
+        self.record = record
         for position, callback in enumerate(self.callbacks):
             if not isinstance(callback, Callback):
                 from ..errors import ConfigError
@@ -188,7 +206,19 @@ class CallbackList:
             for callback in callbacks:
                 getattr(callback, name)(*args, **kwargs)
 
-        return dispatch
+        def epoch_end(epoch, logs=None):
+            before = set(logs or ())
+            try:
+                for callback in callbacks:
+                    if not callback.restores_run:
+                        callback.on_epoch_end(epoch, logs)
+            finally:  # also after a callback's error: what the others added is kept
+                self.record(epoch, {key: value for key, value in (logs or {}).items() if key not in before})
+            for callback in callbacks:
+                if callback.restores_run:
+                    callback.on_epoch_end(epoch, logs)
+
+        return epoch_end if name == "on_epoch_end" and self.record is not None else dispatch
 
     def _keys(self) -> list[str]:
         """Each callback's :meth:`~Callback.state_key`, numbered when two share one."""
@@ -206,6 +236,16 @@ class CallbackList:
         for key, callback in zip(self._keys(), self.callbacks):
             if key in state:
                 callback.load_state_dict(state[key])
+
+    def array_state(self) -> dict[str, Any]:
+        """Each callback's :meth:`~Callback.array_state` that is not ``None``, by state key."""
+        arrays = {key: c.array_state() for key, c in zip(self._keys(), self.callbacks)}
+        return {key: value for key, value in arrays.items() if value is not None}
+
+    def load_array_state(self, arrays: dict[str, Any]) -> None:
+        for key, callback in zip(self._keys(), self.callbacks):
+            if key in arrays:
+                callback.load_array_state(arrays[key])
 
 
 class Monitor:
@@ -226,13 +266,42 @@ class Monitor:
         self.owner, self.key, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
         self.best = float("inf") if mode == "min" else float("-inf")
 
-    def value(self, logs: dict | None) -> float:
+    def check(self, trainer: Any, callbacks: Iterable[Callback], what: str = "monitor") -> None:
+        """Before training: :class:`~etrace_fit.ConfigError` if ``fit`` will never log the
+        key (a validation value without validation data; a name neither ``fit`` nor any
+        callback that may add keys logs, a typo say), listing what it logs."""
         from ..errors import ConfigError
 
+        keys = getattr(trainer, "fit_log_keys", None)
+        if keys is None or self.key in keys:
+            return
+        logged = ", ".join(keys)
+        if self.key.startswith("val_") and not any(k.startswith("val_") for k in keys):
+            raise ConfigError(f"{self.owner}: {what} {self.key!r} is a validation value, but this fit has no "
+                              f"validation data; pass validation_data= or validation_split=, or monitor "
+                              f"{self.key[4:]!r} (this fit logs {logged})")
+        if not any(c.adds_log_keys for c in callbacks):
+            raise ConfigError(f"{self.owner}: {what} {self.key!r} is not among the keys this fit logs ({logged})")
+
+    def value(self, logs: dict | None, epoch: int | None = None, trainer: Any = None) -> float | None:
+        """The monitored value in ``logs``; ``None`` (the epoch is skipped, as in Keras)
+        when it is a validation value and epoch ``epoch`` did not validate
+        (``validation_freq``), or — with a warning, once — when a key a callback was to
+        add is missing."""
         logs = logs or {}
-        if self.key not in logs:
-            raise ConfigError(f"{self.owner}: monitor {self.key!r} is not logged; logged keys: {', '.join(sorted(logs))}")
-        return float(logs[self.key])
+        if self.key in logs:
+            return float(logs[self.key])
+        validates = getattr(trainer, "validates_epoch", None)
+        if self.key.startswith("val_") and epoch is not None and validates is not None and not validates(epoch):
+            return None
+        if not getattr(self, "_warned", False):
+            import warnings
+
+            self._warned = True
+            warnings.warn(f"{self.owner}: monitor {self.key!r} is not in the logs of epoch "
+                          f"{'?' if epoch is None else epoch + 1} ({', '.join(sorted(logs))}); epochs without it are "
+                          f"skipped", RuntimeWarning, stacklevel=3)
+        return None
 
     def improves(self, value: float) -> bool:
         if self.mode == "min":
@@ -244,9 +313,23 @@ class MonitoredCallback(Callback):
     """A callback that tracks the best value of one logged key through ``self._monitor``."""
 
     _monitor: Monitor
+    adds_log_keys = False
 
     def state_key(self) -> str:
         return f"{type(self).__name__}:{self._monitor.key}"
+
+    def _check_monitor(self) -> None:
+        """At ``on_train_begin``: the monitored key is one this fit will log (:meth:`Monitor.check`)."""
+        self._monitor.check(self.model, self._others())
+
+    def _others(self) -> list[Callback]:
+        """The fit's other callbacks."""
+        callbacks = getattr(getattr(self.model, "_callbacks", None), "callbacks", ())
+        return [c for c in callbacks if c is not self]
+
+    def _current(self, epoch: int, logs: dict | None) -> float | None:
+        """The monitored value at the end of ``epoch`` (``None``: this epoch is skipped)."""
+        return self._monitor.value(logs, epoch, self.model)
 
     @property
     def best(self) -> float:

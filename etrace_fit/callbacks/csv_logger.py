@@ -30,6 +30,8 @@ class CSVLogger(Callback):
         trainer.fit(x, y, epochs=5, callbacks=[CSVLogger("runs/log.csv")])
     """
 
+    adds_log_keys = False
+
     main_process_only = True
 
     def __init__(self, filename: str, separator: str = ",", append: bool = False):
@@ -69,8 +71,8 @@ class CSVLogger(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
-        if self._keys is None:
-            self._keys = sorted(logs)
+        if self._keys is None:  # with the keys of epochs to come (val_* when validation_freq > 1), as Keras 3
+            self._keys = sorted(set(logs) | set(getattr(self.model, "fit_log_keys", None) or ()))
         exists = os.path.exists(self.filename) and os.path.getsize(self.filename) > 0
         with open(self.filename, "a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=["epoch", *self._keys], delimiter=self.separator,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .base import Monitor, MonitoredCallback
 
@@ -18,7 +23,11 @@ class EarlyStopping(MonitoredCallback):
         patience: epochs without improvement before stopping.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (``max`` for accuracy-like keys).
         baseline: stop if the value does not beat this within ``patience`` epochs.
-        restore_best_weights: put the best epoch's weights back when stopping or at the end.
+        restore_best_weights: put the best epoch's weights back when stopping or at the end
+            (a run resumed by ``BackupAndRestore`` keeps them: they are saved in its backups).
+
+    An epoch that did not validate (``validation_freq``) is skipped when ``monitor`` is a
+    validation value; a ``monitor`` the fit will not log is a ``ConfigError`` before training.
 
     Example::
 
@@ -34,11 +43,14 @@ class EarlyStopping(MonitoredCallback):
         self.best_weights: Any = None
 
     def on_train_begin(self, logs=None):
+        self._check_monitor()
         if self.baseline is not None and self.best_epoch < 0:
             self.best = self.baseline
 
     def on_epoch_end(self, epoch, logs=None):
-        value = self._monitor.value(logs)
+        value = self._current(epoch, logs)
+        if value is None:
+            return
         if self._monitor.improves(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0
             if self.restore_best_weights:
@@ -59,3 +71,16 @@ class EarlyStopping(MonitoredCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.wait = state["best"], state["wait"]
         self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]
+
+    def array_state(self) -> Any:
+        if not self.restore_best_weights or self.best_weights is None:
+            return None
+        return {str(i): np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(self.best_weights))}
+
+    def load_array_state(self, arrays: Any) -> None:
+        structure = jax.tree.structure(self.model.get_weights())
+        if len(arrays) != structure.num_leaves:
+            warnings.warn(f"EarlyStopping: the saved best weights have {len(arrays)} arrays, the model "
+                          f"{structure.num_leaves}; they are not restored")
+            return
+        self.best_weights = jax.tree.unflatten(structure, [jnp.asarray(arrays[str(i)]) for i in range(len(arrays))])

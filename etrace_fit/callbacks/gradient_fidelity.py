@@ -44,7 +44,5 @@ class GradientFidelity(Callback):
         for path, fidelity in self.model.gradient_fidelity(self.x, self.y, self.mask).items():
             measured[f"fidelity_cosine/{path}"] = fidelity.cosine
             measured[f"fidelity_norm_ratio/{path}"] = fidelity.norm_ratio
-        if logs is not None:
+        if logs is not None:  # the History records them after the callbacks
             logs.update(measured)
-        for key, value in measured.items():
-            self.model.history.history.setdefault(key, []).append(float(value))

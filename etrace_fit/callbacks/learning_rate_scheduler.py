@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..errors import ConfigError
 from .base import Callback
 
 __all__ = ["LearningRateScheduler"]
@@ -13,7 +14,8 @@ class LearningRateScheduler(Callback):
     """Sets ``trainer.learning_rate = schedule(epoch, current)`` before each epoch.
 
     The optimizer must be built with ``optax.inject_hyperparams`` so its learning rate is
-    state, not a constant; the value then shows in ``logs["learning_rate"]``.
+    state, not a constant (or given by name; checked before training); the value then
+    shows in ``logs["learning_rate"]``.
 
     Example::
 
@@ -23,6 +25,14 @@ class LearningRateScheduler(Callback):
 
     def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
         self.schedule, self.verbose = schedule, verbose
+
+    adds_log_keys = False
+
+    def on_train_begin(self, logs=None):
+        if not self.model.learning_rate_settable:
+            raise ConfigError("LearningRateScheduler sets the learning rate: build the optimizer with "
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "
+                              "or give it by name (optimizer='adam')")
 
     def on_epoch_begin(self, epoch, logs=None):
         value = float(self.schedule(epoch, self.model.learning_rate))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import string
 import warnings
 
 from ..checkpoint import remove_temporaries
@@ -25,8 +26,10 @@ class ModelCheckpoint(MonitoredCallback):
             files inside the folder of ``filepath`` are ever deleted, whatever a
             restored checkpoint lists.
 
-    The folder (the part of ``filepath`` before any ``{field}``) must be writable,
-    checked before training; temporary files a killed write left there are removed.
+    ``monitor`` (with ``save_best_only``) and the keys ``filepath`` names must be keys
+    the fit logs, checked before training; an epoch that did not validate
+    (``validation_freq``) is skipped when they are validation values. The folder (the
+    part of ``filepath`` before any ``{field}``) must be writable, checked before training; temporary files a killed write left there are removed.
     State is saved under ``"ModelCheckpoint:<filepath>"``, so several checkpoints keep
     their own lists when reordered between runs.
 
@@ -58,17 +61,30 @@ class ModelCheckpoint(MonitoredCallback):
         root = os.path.realpath(self._base_folder() or ".")
         return os.path.commonpath([root, os.path.realpath(path)]) == root
 
+    def _fields(self) -> list[str]:
+        """The logged keys ``filepath`` names (``{val_loss:.3f}`` names ``val_loss``)."""
+        return [field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(self.filepath)
+                if field and field != "epoch"]
+
     def on_train_begin(self, logs=None):
+        if self.save_best_only:
+            self._check_monitor()
+        for field in self._fields():
+            Monitor("ModelCheckpoint", field).check(self.model, self._others(), what="filepath field")
         folder = writable_folder(self._base_folder(), "ModelCheckpoint")
         remove_temporaries(folder)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         if self.save_best_only:
-            value = self._monitor.value(logs)
-            if not self._monitor.improves(value):
+            value = self._current(epoch, logs)
+            if value is None or not self._monitor.improves(value):
                 return
             self.best = value
+        validates = getattr(self.model, "validates_epoch", None)
+        if validates is not None and not validates(epoch) and any(
+                f.startswith("val_") and f not in logs for f in self._fields()):
+            return  # the name needs a validation value this epoch does not have (validation_freq)
         try:
             path = self.filepath.format(epoch=epoch + 1, **logs)
         except KeyError as error:

@@ -45,6 +45,8 @@ class ProgressBar(Callback):
         trainer.fit(x, y, epochs=3, verbose=0, callbacks=[ProgressBar()])
     """
 
+    adds_log_keys = False
+
     main_process_only = True
 
     #: Seconds between reads of the batch logs (the postfix's running means).

@@ -18,7 +18,9 @@ class ReduceLROnPlateau(MonitoredCallback):
         factor: in (0, 1); patience: epochs to wait; min_delta: the smallest improvement;
         cooldown: epochs to wait after a reduction; min_lr: the floor.
 
-    The optimizer must be built with ``optax.inject_hyperparams``.
+    The optimizer must be built with ``optax.inject_hyperparams`` (or given by name),
+    checked before training. An epoch that did not validate is skipped when ``monitor``
+    is a validation value.
 
     Example::
 
@@ -34,8 +36,17 @@ class ReduceLROnPlateau(MonitoredCallback):
         self.cooldown, self.min_lr = cooldown, min_lr
         self.wait = self.cooldown_left = 0
 
+    def on_train_begin(self, logs=None):
+        self._check_monitor()
+        if not self.model.learning_rate_settable:
+            raise ConfigError("ReduceLROnPlateau changes the learning rate: build the optimizer with "
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "
+                              "or give it by name (optimizer='adam')")
+
     def on_epoch_end(self, epoch, logs=None):
-        value = self._monitor.value(logs)
+        value = self._current(epoch, logs)
+        if value is None:
+            return
         improved = self._monitor.improves(value)
         if self.cooldown_left > 0:
             self.cooldown_left -= 1

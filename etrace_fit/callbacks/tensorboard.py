@@ -101,6 +101,8 @@ class TensorBoard(Callback):
         trainer.fit(x, y, epochs=10, callbacks=[TensorBoard("runs/evidence-1", hparams={"task": "evidence"})])
     """
 
+    adds_log_keys = False
+
     main_process_only = True
 
     def __init__(self, log_dir: str = "runs", update_freq: int | str = "epoch", histogram_freq: int = 1,

@@ -17,6 +17,8 @@ class TerminateOnNaN(Callback):
         trainer.fit(x, y, callbacks=[TerminateOnNaN()])
     """
 
+    adds_log_keys = False
+
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(loss):

@@ -31,8 +31,17 @@ class History:
 
     def append(self, epoch: int, logs: Mapping[str, float]) -> None:
         self.epoch.append(epoch)
+        self.add(logs)
+
+    def add(self, logs: Mapping[str, float]) -> None:
+        """Record more keys of the last epoch's logs (those its callbacks added; values
+        that are not numbers, which a checkpoint could not hold, are left out)."""
         for key, value in logs.items():
-            self.history.setdefault(key, []).append(float(value))
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            self.history.setdefault(key, []).append(number)
 
 
 def check_verbose(verbose: Any) -> int:

@@ -99,16 +99,38 @@ class LearningRate:
     def _hyperparams(self) -> dict | None:
         return find_hyperparams(self.opt_state)
 
+    def _initial_hyperparams(self, shapes: bool = False) -> dict | None:
+        """The hyperparameters the optimizer starts with, before its state exists: its
+        ``init`` on no weights holds them (``None`` if it has none, or cannot say);
+        ``shapes``: only their shapes (traced, nothing compiled or run)."""
+        try:
+            return find_hyperparams(jax.eval_shape(self.optimizer.init, {}) if shapes else self.optimizer.init({}))
+        except Exception:  # an optimizer whose init needs weights
+            return None
+
     @property
     def learning_rate(self) -> float | None:
         """The optimizer's current learning rate, when it was built with
-        ``optax.inject_hyperparams`` (else None)."""
+        ``optax.inject_hyperparams`` (else None); before the first batch, the one it will
+        start with (or the one set since)."""
         if self.opt_state is None:
-            return self._pending_learning_rate
-        hyperparams = self._hyperparams()
+            if self._pending_learning_rate is not None:
+                return self._pending_learning_rate
+            hyperparams = self._initial_hyperparams()
+        else:
+            hyperparams = self._hyperparams()
         if hyperparams is None or "learning_rate" not in hyperparams:
             return None
         return float(hyperparams["learning_rate"])
+
+    @property
+    def learning_rate_settable(self) -> bool:
+        """Whether :attr:`learning_rate` can be read and set (an optimizer built with
+        ``optax.inject_hyperparams``, as one given by name is), known before its state exists."""
+        if self.opt_state is not None or self._pending_learning_rate is not None:
+            return self.learning_rate is not None
+        found = self._initial_hyperparams(shapes=True)
+        return found is not None and "learning_rate" in found
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:

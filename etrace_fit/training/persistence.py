@@ -38,7 +38,8 @@ class Persistence:
         at a barrier)."""
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "opt_state": self.opt_state if self.opt_state is not None else {},
-                 "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()}}
+                 "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()},
+                 "callbacks": self._callbacks.array_state()}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
                  "has_opt_state": self.opt_state is not None, "process_count": jax.process_count()}
@@ -83,6 +84,7 @@ class Persistence:
         self.history.history = {k: list(v) for k, v in history.items()}
         self.epoch = epoch
         self._callbacks.load_state_dict(callbacks)
+        self._callbacks.load_array_state(dict(state.get("callbacks") or {}))  # older checkpoints hold none
         return manifest
 
     def _restored_opt_state(self, path, manifest, state, params):

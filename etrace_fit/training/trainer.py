@@ -205,6 +205,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
+        self.fit_log_keys: list[str] | None = None  # during fit: the keys every epoch logs (callbacks check theirs)
+        self.validates_epoch = None  # during fit: whether an epoch (0-based) validates
         self.history = History(model=self)
         self._step_loss = self._make_step_loss()
         self._forward = None
@@ -532,7 +534,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.epochs = epochs
         fit_params = {"verbose": verbose, "epochs": epochs, "steps": steps}
         self.history = History(fit_params, model=self)
-        hooks = CallbackList(callbacks, model=self, params=fit_params)
+        self.fit_log_keys = self._log_keys(validation is not None)
+        self.validates_epoch = (lambda epoch: False) if validation is None else validates
+        hooks = CallbackList(callbacks, model=self, params=fit_params,
+                             record=lambda epoch, logs: self.history.add(logs))  # restore swaps the History
         self._callbacks = hooks
         self.resume_epoch = None
         self._warn_spiking_readout()
@@ -543,6 +548,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._push()  # the model holds every finished batch's update, also after an error
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
         return self.history
+
+    def _log_keys(self, validated: bool) -> list[str]:
+        """The keys every epoch of this fit logs (``val_*`` on the epochs that validate),
+        before the callbacks add theirs."""
+        keys = ["loss", *self.metric_fns] + (["learning_rate"] if self.learning_rate_settable else [])
+        return keys + ([f"val_{key}" for key in ["loss", *self.metric_fns]] if validated else [])
 
     def _check_split(self, batch_size: int, size: int | None, drop_remainder: bool) -> None:
         """:class:`ConfigError` before training when a batch of array data would not
@@ -601,7 +612,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation is not None and validates(epoch):
                 epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation, batch_size, hooks).items()})
-            self.history.append(epoch, epoch_logs)
+            self.history.append(epoch, epoch_logs)  # the keys callbacks add join it after them
             self.epoch = epoch
             self._push()  # the model is current at every epoch's end
             self._check_norms(epoch)

@@ -97,8 +97,11 @@ def test_early_stopping_mode_min_delta_and_missing_monitor():
     stopper.on_epoch_end(0, {"val_accuracy": 0.5})
     stopper.on_epoch_end(1, {"val_accuracy": 0.52})  # within min_delta: no improvement
     assert fake.stop_training
-    with pytest.raises(ConfigError, match="logged keys: loss"):
-        EarlyStopping("val_loss").on_epoch_end(0, {"loss": 1.0})
+    missing = EarlyStopping("val_loss", patience=0)
+    missing.set_model(FakeTrainer())
+    with pytest.warns(RuntimeWarning, match="'val_loss' is not in the logs of epoch 1 \\(loss\\)"):
+        missing.on_epoch_end(0, {"loss": 1.0})  # Keras: warned and skipped, not counted as a bad epoch
+    assert missing.wait == 0 and not missing.model.stop_training
     with pytest.raises(ConfigError, match="mode"):
         EarlyStopping(mode="up")
 

@@ -19,6 +19,8 @@ from etrace_fit import layers as L
 from etrace_fit.callbacks import BackupAndRestore, LambdaCallback
 from etrace_fit.errors import ConfigError, ShapeError
 
+from _killed import killed_before
+
 from ._helpers import check_grads_equal, sequence_grads
 
 pytestmark = pytest.mark.filterwarnings("ignore::etrace_fit.errors.ApproximationWarning")
@@ -169,10 +171,14 @@ def test_resume_with_batch_norm_continues_the_running_statistics_exactly(tmp_pat
     straight.fit(x, y, batch_size=8, epochs=4, verbose=0)
     backup = str(tmp_path / "backup")
     first = ef.Trainer(_model(), optimizer="adam")
-    stop = LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(first, "stop_training", epoch == 1))
-    first.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[stop, BackupAndRestore(backup)])
+    stop = killed_before(2)  # after epochs 0 and 1
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[stop, BackupAndRestore(backup)])
     resumed = ef.Trainer(_model(), optimizer="adam")
-    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(backup)])
+    began = []  # the resumed run starts at epoch 2
+    record = LambdaCallback(on_epoch_begin=lambda e, logs: began.append(e))
+    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[record, BackupAndRestore(backup)])
+    assert began == [2, 3]
     assert resumed.history.history["loss"] == straight.history.history["loss"]
     for a, b in zip(_weights(straight), _weights(resumed)):
         np.testing.assert_array_equal(a, b)

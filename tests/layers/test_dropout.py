@@ -18,6 +18,8 @@ from etrace_fit import layers as L
 from etrace_fit.callbacks import BackupAndRestore, LambdaCallback
 from etrace_fit.errors import CheckpointError, ConfigError
 
+from _killed import killed_before
+
 T, B, I, H, O = 12, 3, 5, 7, 2
 # The readout's memory makes the first weight approximate online (the tests say how).
 pytestmark = pytest.mark.filterwarnings("ignore::etrace_fit.errors.ApproximationWarning")
@@ -184,10 +186,14 @@ def test_resume_from_a_backup_draws_the_masks_of_the_uninterrupted_run(tmp_path,
     straight.fit(x, y, batch_size=8, epochs=4, verbose=0)
     backup = str(tmp_path / "backup")
     first = _trainer(_model(seed=2))
-    stop = LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(first, "stop_training", epoch == 1))
-    first.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[stop, BackupAndRestore(backup)])
+    stop = killed_before(2)  # after epochs 0 and 1
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[stop, BackupAndRestore(backup)])
     resumed = _trainer(_model(seed=99))  # another key at construction: the backup's must win
-    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(backup)])
+    began = []  # the resumed run starts at epoch 2
+    record = LambdaCallback(on_epoch_begin=lambda e, logs: began.append(e))
+    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[record, BackupAndRestore(backup)])
+    assert began == [2, 3]
     assert resumed.history.history["loss"] == straight.history.history["loss"]
     for a, b in zip(_weights(straight), _weights(resumed)):
         np.testing.assert_array_equal(a, b)

@@ -22,6 +22,8 @@ from etrace_fit.callbacks import BackupAndRestore, CSVLogger, LambdaCallback, Mo
 from etrace_fit.errors import CheckpointError, ConfigError
 from etrace_fit.checkpoint import TEMP_PREFIX, read_checkpoint
 
+from _killed import killed_before
+
 from ._helpers import lif_model as _model, rate_data as _data
 
 
@@ -147,12 +149,16 @@ def test_callback_state_follows_the_callback_not_its_position(tmp_path):
                 ModelCheckpoint(str(tmp_path / "b" / "{epoch}.ckpt"), keep_last=2))
 
     a, b = checkpoints()
-    stop = LambdaCallback(on_epoch_end=lambda e, logs: setattr(trainer, "stop_training", e == 1))
+    stop = killed_before(2)  # after epochs 0 and 1
     trainer = ef.Trainer(_model(), optimizer="adam")
-    trainer.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[a, b, stop, BackupAndRestore(backup)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[a, b, stop, BackupAndRestore(backup)])
     a, b = checkpoints()
     resumed = ef.Trainer(_model(), optimizer="adam")
-    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(backup), b, a])
+    began = []  # the resumed run starts at epoch 2
+    record = LambdaCallback(on_epoch_begin=lambda e, logs: began.append(e))
+    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[record, BackupAndRestore(backup), b, a])
+    assert began == [2, 3]
     assert a.saved == [str(tmp_path / "a" / "3.ckpt"), str(tmp_path / "a" / "4.ckpt")]
     assert b.saved == [str(tmp_path / "b" / "3.ckpt"), str(tmp_path / "b" / "4.ckpt")]
     assert sorted(os.listdir(tmp_path / "a")) == sorted(os.listdir(tmp_path / "b")) == ["3.ckpt", "4.ckpt"]
