@@ -206,7 +206,7 @@ class Dashboards:
         compile on its first samples now. Printed with ``print_fn`` (None: not
         printed) and returned."""
         if x is not None and self.learner is None:
-            data = self._as_data(x, "x")
+            data = self._as_data(x, "x", targets=False)  # the plan is made from x alone
             if isinstance(data, Arrays):
                 first = next(batches(data.x, data.y, batch_size=32, shuffle=False, mask=data.mask))
             else:

@@ -49,6 +49,36 @@ def check_finite(x: Any, name: str = "x") -> None:
         raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data before training")
 
 
+def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> None:
+    """:class:`ShapeError` unless ``weights`` are finite numbers ``>= 0`` (a NaN weight made
+    its whole batch skip as non-finite; a negative one trained by gradient ascent)."""
+    values = np.asarray(weights)
+    if values.dtype == bool or not np.issubdtype(values.dtype, np.number):
+        raise ShapeError(f"{name} must be numbers, got dtype {values.dtype}")
+    check_finite(values.reshape(values.shape[0], -1) if values.ndim else values, name)
+    if values.size and values.min() < 0:
+        first = int(np.argmax((values.reshape(values.shape[0], -1) < 0).any(axis=1))) if values.ndim else 0
+        raise ShapeError(f"{name} must be >= 0, got {values.min():g} (first in sample {first}); a negative weight "
+                         f"would train away from the targets")
+
+
+def check_mask(mask: Any, x: Any, name: str = "mask") -> None:
+    """:class:`ShapeError` unless ``mask`` is ``(N, T)`` for ``x (N, T, ...)`` (batch-major)
+    and marks steps with True / False (or 1 / 0): before training, so a validation mask is
+    not found wrong at the first epoch's end. A mask is no weight: real-valued step weights
+    go in ``sample_weight (N, T)``."""
+    values = np.asarray(mask)
+    expected = tuple(np.shape(x)[:2])
+    if values.shape != expected:
+        keras = (" (Keras' third element of validation_data, sample weights, is not taken: etrace_fit's is the "
+                 "mask of the steps each sequence has)" if name.startswith("validation") and values.ndim == 1 else "")
+        raise ShapeError(f"{name} must have shape {expected} (batch, time) for x of shape {tuple(np.shape(x))}, got "
+                         f"{values.shape}{keras}")
+    if values.dtype != bool and not np.isin(values, (0, 1)).all():
+        raise ShapeError(f"{name} marks the steps each sequence has with True / False (or 1 / 0), got values from "
+                         f"{values.min():g} to {values.max():g}; weight steps with sample_weight (N, T) instead")
+
+
 def check_count(value: Any, name: str) -> int:
     """A positive int (``batch_size``, ``steps_per_epoch``), else :class:`ConfigError`."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:

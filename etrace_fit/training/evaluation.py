@@ -17,7 +17,8 @@ import numpy as np
 from .. import _compat
 from ..callbacks import CallbackList
 from ..errors import ConfigError
-from .data import Arrays, batch_major, batches, check_count, check_finite, placement
+from .data import Arrays, batch_major, batches, check_count, check_finite, check_mask, placement
+from .losses import check_target_shape, loss_name, needs_targets
 from .logs import check_verbose, keras_result
 
 __all__ = ["Evaluation"]
@@ -128,16 +129,24 @@ class Evaluation:
         self._eval_compiling = threading.Thread(target=compile_, name="etrace_fit-compile-evaluation", daemon=True)
         self._eval_compiling.start()
 
-    def _as_data(self, data: Any, name: str = "x", y: Any = None) -> Any:
+    def _as_data(self, data: Any, name: str = "x", y: Any = None, targets: bool = True) -> Any:
         """Array data as batch-major :class:`Arrays` (``(x, y)`` or ``(x, y, mask)``
         tuples; time-major ones are swapped as views), an iterable of batches as is,
-        ``None`` as ``None``."""
+        ``None`` as ``None``. ``targets``: a ``ConfigError`` if arrays come without the
+        ``y`` the loss needs (not for ``predict``)."""
         if data is None:
             return None
-        if hasattr(data, "shape"):
+        alone = hasattr(data, "shape")
+        if alone:
             data = (data, y)
         if isinstance(data, (tuple, list)) and len(data) in (2, 3) and hasattr(data[0], "shape"):
             x, y, mask = (*data, None)[:3]
+            if y is None and targets and needs_targets(self.loss_fn):
+                given = "x alone" if alone else "y None"
+                fix = ("(x_val, y_val)" if name == "validation_data" else f"{name}(x, y)" if name.endswith("_batch")
+                       else "evaluate(x, y)")
+                raise ConfigError(f"{name if name == 'validation_data' else 'y'}: loss {loss_name(self.loss_fn)!r} "
+                                  f"needs targets, got {given}; give {fix}")
             if self.time_major:
                 x, y, mask = batch_major(x, y, mask, name=name)
             return Arrays(x, y, mask)
@@ -146,11 +155,13 @@ class Evaluation:
                               f"{type(data).__name__} of {len(data)} arrays")
         return data
 
-    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None) -> dict[str, float]:
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y"
+                  ) -> dict[str, float]:
         """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
-        from reset states; a stateful trainer's streams are left where they were."""
+        from reset states; a stateful trainer's streams are left where they were.
+        ``where``: the targets' name in errors."""
         with self._keeping_streams():
-            return self._evaluate_from_reset(data, batch_size, hooks)
+            return self._evaluate_from_reset(data, batch_size, hooks, where)
 
     @contextlib.contextmanager
     def _keeping_streams(self):
@@ -167,7 +178,7 @@ class Evaluation:
             for path, state in self._model.states(brainstate.HiddenState).items():
                 state.value = saved[path]
 
-    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None
+    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y"
                              ) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
         if isinstance(data, Arrays):
@@ -184,11 +195,18 @@ class Evaluation:
             hooks.on_test_batch_begin(step, {})
             xs, ys, weight = self._time_major(batch, time_major)
             self._ensure_states(xs.shape[1])
-            if step == 0 and self._num_classes is None:
-                self._num_classes = int(self._outputs(xs[:1]).shape[-1])
+            if step == 0 and (self._num_classes is None or self._sample_output is None):
+                shape = np.shape(self._outputs(xs[:1]))
+                self._num_classes = self._num_classes or int(shape[-1])
+                self._sample_output = tuple(shape[2:])
+            if step == 0 and batch.y is None and needs_targets(self.loss_fn):
+                raise ConfigError(f"x: loss {loss_name(self.loss_fn)!r} needs targets, but the data's batches carry "
+                                  f"none; yield (x, y) or (x, y, mask) batches")
+            if step == 0 and self._sample_output is not None:
+                check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=where)
             if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
                 check_finite(data.x, "x")
-                self._check_targets(data.y, "y")
+                self._check_targets(data.y, where)
             elif not isinstance(data, Arrays):
                 check_finite(np.asarray(xs), f"x of batch {step}")
                 self._check_targets(ys, f"y of batch {step}")
@@ -227,6 +245,7 @@ class Evaluation:
             if not hasattr(x, "shape"):
                 raise ConfigError("mask applies to array data (x, y); an iterable gives (x, y, mask) batches")
             data = self._as_data((x, y, mask), "x")
+            check_mask(data.mask, data.x)
         else:
             data = self._as_data(x, "x", y)
         return self._evaluate(data, batch_size, CallbackList(callbacks, model=self))
@@ -243,7 +262,7 @@ class Evaluation:
         check_count(batch_size, "batch_size")
         if not hasattr(x, "shape"):
             raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
-        data = self._as_data(x, "x")
+        data = self._as_data(x, "x", targets=False)
         check_finite(data.x)
         hooks = CallbackList(callbacks, model=self)
         hooks.on_predict_begin({})

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .losses import mae, mse
+from .losses import class_labels, mae, mse
 
 __all__ = ["METRICS", "accuracy", "categorical_accuracy", "get_metrics"]
 
@@ -26,7 +26,7 @@ Metric = Callable[[jax.Array, Any], jax.Array]
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """1.0 where ``argmax(logits)`` equals the integer label, else 0.0: ``(B,)``."""
-    return (jnp.argmax(logits, axis=-1) == jnp.asarray(labels)).astype(jnp.float32)
+    return (jnp.argmax(logits, axis=-1) == class_labels(logits, labels)).astype(jnp.float32)
 
 
 def categorical_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:

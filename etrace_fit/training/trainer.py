@@ -36,13 +36,13 @@ from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
 from ..errors import ConfigError, ShapeError
-from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_shuffle, class_table, loss_weight,
-                   placement, split_validation)
+from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_mask, check_shuffle,
+                   check_weights, class_table, loss_weight, placement, split_validation)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
 from .state import ModelSync, Reset, TrainState, _other_positions, eager_reset, traced_reset
 from .step import build_train_step, placed_metrics, sequence_targets
-from .losses import check_labels, get_loss
+from .losses import check_labels, check_target_shape, get_loss, loss_name, needs_targets
 from .metrics import get_metrics
 from .dashboards import Dashboards
 from .evaluation import Evaluation
@@ -205,6 +205,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
+        self._sample_output: tuple | None = None  # one sample's output at one step, once a batch was checked
         self.fit_log_keys: list[str] | None = None  # during fit: the keys every epoch logs (callbacks check theirs)
         self.validates_epoch = None  # during fit: whether an epoch (0-based) validates
         self.history = History(model=self)
@@ -380,13 +381,20 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         passed = self._checked.get(key)
         if passed is None or passed[0] is not self.loss_fn:
             out = self._output_shape(xs[:1])
-            value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
+            name = loss_name(self.loss_fn)
+            if hasattr(out, "shape") and len(out.shape) >= 2:
+                check_target_shape(self.loss_fn, tuple(out.shape[2:]), tuple(np.shape(ys)[2:]), where="y")
+            try:
+                value = jax.eval_shape(jax.vmap(self.loss_fn), out, ys[:1])
+            except (TypeError, ValueError) as error:  # a loss of yours on targets it does not take
+                raise ConfigError(f"loss {name!r} fails on the model's output {tuple(out.shape[1:])} and the targets "
+                                  f"{tuple(np.shape(ys)[1:])} of one step (batch first): {error}") from None
             if tuple(value.shape) != tuple(out.shape[:2]):
-                name = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
                 raise ConfigError(f"loss {name!r} returned shape {tuple(value.shape[1:])} for a batch of "
                                   f"{out.shape[1]} samples; a loss returns one value per sample, shape "
                                   f"({out.shape[1]},) (sum or average any other axis inside the loss)")
             self._checked[key] = (self.loss_fn, int(out.shape[-1]) if out.ndim >= 2 else None)
+            self._sample_output = tuple(out.shape[2:])  # one sample, one step: for validation's y
         else:
             self._ensure_states(np.shape(xs)[1])  # as the trace would have
         self._num_classes = self._checked[key][1]
@@ -448,7 +456,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
 
         Logs per epoch: ``loss``, each metric, and with validation data ``val_loss`` and
         ``val_<metric>``. Bad data (empty, x and y of different lengths, NaN / inf,
-        labels out of range, a wrong feature size) raises before any update.
+        labels out of range, a wrong feature size, no targets or targets shaped for
+        another loss, a NaN or negative ``sample_weight``, a mask that is not True /
+        False) raises before any update (docs/reliability.md).
         """
         verbose = check_verbose(verbose)
         check_shuffle(shuffle)
@@ -493,13 +503,21 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             validation = self._as_data(validation_data, "validation_data")
         if is_array:
             check_finite(x)
+            if sample_weight is not None:
+                check_weights(sample_weight, x)
+            if mask is not None:
+                check_mask(mask, x)
             if y is not None:
                 check_finite(y, "y")
+            elif needs_targets(self.loss_fn):
+                raise ConfigError(f"y: loss {loss_name(self.loss_fn)!r} needs targets, got y=None; call fit(x, y)")
         weights_by_class = None if class_weight is None else class_table(class_weight, y)
         self.sample_input = self.sample_inputs = self.sample_label = None
         self.batch_size = batch_size
         if isinstance(validation, Arrays):
             check_finite(validation.x, "validation x")
+            if validation.mask is not None:
+                check_mask(validation.mask, validation.x, "validation mask")
             if validation.y is not None:
                 check_finite(validation.y, "validation y")
             if len(validation.x):
@@ -588,10 +606,19 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if not is_array:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
+                    if batch.y is None and needs_targets(self.loss_fn):
+                        raise ConfigError(f"x: loss {loss_name(self.loss_fn)!r} needs targets, but the data's "
+                                          f"batches carry none; yield (x, y) or (x, y, mask) batches")
                     self._check_first(xs, ys)
                     if is_array:  # every label, not only the first batch's, before the first update
                         self._check_targets(y, "y")
                     if isinstance(validation, Arrays):
+                        if self._sample_output is not None and validation.y is not None:
+                            y_val, steps = np.asarray(validation.y), np.shape(validation.x)[1]
+                            per_step = y_val.ndim >= 2 and y_val.shape[1] == steps  # as the batches read it
+                            check_target_shape(self.loss_fn, self._sample_output,
+                                               tuple(y_val.shape[2:] if per_step else y_val.shape[1:]),
+                                               where="validation y")
                         self._check_targets(validation.y, "validation y")
                         if len(validation.x) and any(map(validates, range(epoch, epochs))):
                             self._compile_evaluation_ahead(validation, batch_size)
@@ -611,7 +638,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             if self.learning_rate is not None:
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation is not None and validates(epoch):
-                epoch_logs.update({f"val_{k}": v for k, v in self._evaluate(validation, batch_size, hooks).items()})
+                validated = self._evaluate(validation, batch_size, hooks, "validation y")
+                epoch_logs.update({f"val_{k}": v for k, v in validated.items()})
             self.history.append(epoch, epoch_logs)  # the keys callbacks add join it after them
             self.epoch = epoch
             self._push()  # the model is current at every epoch's end
@@ -847,6 +875,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if not isinstance(data, Arrays):
             raise ConfigError(f"{name} takes arrays x (and y)")
         check_finite(data.x)
+        if sample_weight is not None:
+            check_weights(sample_weight, data.x)
         batch = Batch(data.x, data.y, data.mask, None if sample_weight is None else np.asarray(sample_weight))
         if batch.sample_weight is not None and self.time_major and np.ndim(batch.sample_weight) == 2:
             batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))

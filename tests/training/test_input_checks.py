@@ -198,3 +198,115 @@ def test_the_command_line_refuses_bad_numbers_without_a_traceback(args, match):
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert re.search(match, done.stderr), done.stderr
+
+
+# ------------------------------------------------------------------ targets: present, and shaped for the loss
+def test_data_without_the_targets_a_loss_needs_fails_before_training():
+    """Without ``y`` a built-in loss would have read zeros as the labels: evaluate(x)
+    gave accuracy 1.0 where evaluate(x, y) gave 0.33, and validation_data=x_val logged
+    made-up val_* values."""
+    x, y = _data()
+    needs = "loss 'sparse_categorical_crossentropy' needs targets"
+    with pytest.raises(ConfigError, match=f"y: {needs}, got y=None; call fit\\(x, y\\)"):
+        _fit_counting(ef.Trainer(_model()), x, batch_size=8)
+    assert _fit_counting.began == 0
+    for validation, given in ((x, "x alone"), ((x, None), "y None")):
+        with pytest.raises(ConfigError, match=f"validation_data: {needs}, got {given}; give \\(x_val, y_val\\)"):
+            _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, validation_data=validation)
+        assert _fit_counting.began == 0
+    with pytest.raises(ConfigError, match=f"y: {needs}, got x alone; give evaluate\\(x, y\\)"):
+        ef.Trainer(_model()).evaluate(x, verbose=0)
+    unlabelled = [(np.swapaxes(x[i:i + 8], 0, 1),) for i in range(0, 16, 8)]  # time-major batches of x alone
+    with pytest.raises(ConfigError, match=f"x: {needs}, but the data's batches carry none"):
+        _fit_counting(ef.Trainer(_model(), time_major=True), unlabelled, batch_size=8)
+    assert _fit_counting.began == 0
+    assert ef.Trainer(_model()).predict(x, verbose=0).shape == (16, 2)  # predict needs none
+
+
+def test_a_loss_of_yours_may_train_without_targets():
+    x, _ = _data()
+    quiet = ef.Trainer(_model(), loss=lambda out, target: jnp.mean(out ** 2, axis=-1), metrics=[])
+    history = quiet.fit(x, batch_size=8, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_keras_label_and_target_shapes_train_alike():
+    """Sparse labels of shape (N, 1) as (N,) (Keras takes both); a regression target (N,)
+    for one output as (N, 1): broadcast, it paired every sample with every target."""
+    x, y = _data()
+    runs = [ef.Trainer(_model(), seed=0).fit(x, labels, batch_size=8, epochs=2, verbose=0, shuffle=False).history
+            for labels in (y, y[:, None])]
+    assert runs[0] == runs[1]
+    target = y.astype(np.float32) * 2 - 1
+    rng = np.random.default_rng(0)
+    w_in, w_out = rng.normal(0, 1.5, (C, 8)).astype(np.float32), rng.normal(0, 0.3, (8, 1)).astype(np.float32)
+    one = lambda: ef.Sequential(ef.layers.Linear(C, 8, w_init=w_in), ef.layers.LIF(8),  # noqa: E731
+                                ef.layers.LeakyRateReadout(8, 1, w_init=w_out))
+    losses = [ef.Trainer(one(), loss="mse", metrics=[]).evaluate(x, t, verbose=0)["loss"]
+              for t in (target, target[:, None])]
+    assert losses[0] == pytest.approx(losses[1])
+
+
+@pytest.mark.parametrize("loss, labels, match", [
+    ("sparse_categorical_crossentropy", "one_hot", r"y: loss 'sparse_categorical_crossentropy' takes one integer "
+     r"class label per sample .* got targets of shape \(2,\) per sample \(one-hot targets\? use "
+     r"loss='categorical_crossentropy'\)"),
+    ("categorical_crossentropy", "integers", r"y: loss 'categorical_crossentropy' takes one-hot or probability "
+     r"targets, shape \(2,\) per sample .*\(y of shape \(N, 2\), or \(N, T, 2\) per step\); got targets of shape \(\) "
+     r"per sample \(integer labels\? use loss='sparse_categorical_crossentropy'\)"),
+    ("mse", "integers", r"y: loss 'mse' compares targets with the model's output, shape \(2,\) per sample; got "
+     r"targets of shape \(\) per sample \(give y of shape \(N, 2\), or \(N, T, 2\) per step\)"),
+])
+def test_targets_that_do_not_fit_the_loss_fail_before_training_with_the_fix(loss, labels, match):
+    x, y = _data()
+    targets = np.eye(2, dtype=np.float32)[y] if labels == "one_hot" else y.astype(np.float32 if loss == "mse" else int)
+    with pytest.raises(ShapeError, match=match):
+        _fit_counting(ef.Trainer(_model(), loss=loss, metrics=[]), x, targets, batch_size=8)
+    assert _fit_counting.began == 0
+    good = np.eye(2, dtype=np.float32)[y] if loss != "sparse_categorical_crossentropy" else y
+    with pytest.raises(ShapeError, match="validation " + match):  # right for training, wrong for validation
+        _fit_counting(ef.Trainer(_model(), loss=loss, metrics=[]), x, good, batch_size=8,
+                      validation_data=(x, targets))
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match=match):
+        ef.Trainer(_model(), loss=loss, metrics=[]).evaluate(x, targets, verbose=0)
+
+
+# ------------------------------------------------------------------ weights and masks
+@pytest.mark.parametrize("bad, match", [
+    (np.nan, r"sample_weight contains NaN or inf \(first in sample 5\)"),
+    (-1.0, r"sample_weight must be >= 0, got -1 \(first in sample 5\); a negative weight would train away"),
+])
+def test_a_nan_or_negative_sample_weight_fails_before_training(bad, match):
+    """A NaN weight made its batch skip as non-finite (the warning blamed the learning
+    rate); a negative one trained by gradient ascent, silently."""
+    x, y = _data()
+    weights = np.ones(len(x), np.float32)
+    weights[5] = bad
+    with pytest.raises(ShapeError, match=match):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, sample_weight=weights)
+    assert _fit_counting.began == 0
+
+
+def test_a_mask_marks_steps_and_is_checked_before_training_wherever_it_comes():
+    x, y = _data()
+    ramp = np.tile(np.linspace(0.0, 1.0, T, dtype=np.float32), (len(x), 1))
+    weighting = "marks the steps each sequence has with True / False \\(or 1 / 0\\), got values from 0 to 1; weight " \
+                "steps with sample_weight \\(N, T\\) instead"
+    with pytest.raises(ShapeError, match="mask " + weighting):
+        _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp)
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match="validation mask " + weighting):
+        _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp > 0,
+                      validation_data=(x, y, ramp))
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match="mask " + weighting):
+        ef.Trainer(_model(), loss_on="mask").evaluate(x, y, mask=ramp, verbose=0)
+    keras = r"validation mask must have shape \(16, 12\) \(batch, time\) for x of shape \(16, 12, 4\), got \(16,\) " \
+            r"\(Keras' third element of validation_data, sample weights, is not taken"
+    with pytest.raises(ShapeError, match=keras):  # found before training, not at the first epoch's end
+        _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp > 0,
+                      validation_data=(x, y, np.ones(len(x), np.float32)))
+    assert _fit_counting.began == 0
+    ones = (ramp > 0).astype(np.int32)  # 1 / 0 is a mask as True / False is
+    ef.Trainer(_model(), loss_on="mask").fit(x, y, batch_size=8, mask=ones, verbose=0)
