@@ -6,8 +6,9 @@ As in Keras, a callback's ``self.model`` is what ``fit`` was called on — here 
 ``{"verbose", "epochs", "steps"}`` of the current ``fit``. (``self.trainer``, the name
 before 0.3, still works for one release with a ``DeprecationWarning``.) ``logs`` is a
 plain dict (``loss``, metrics, ``val_*``) — except a training batch's, which is a
-:class:`BatchLogs` mapping: reading a value waits for that batch to finish, so a
-callback that does not read every batch's logs lets the device run ahead.
+dict-like :class:`BatchLogs` (read, set, ``copy()``; ``dict(logs)`` for a plain dict):
+reading a value waits for that batch to finish, so a callback that does not read every
+batch's logs lets the device run ahead.
 ``state_dict`` / ``load_state_dict`` let a resumed run restore a callback's progress.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Iterable
 
 import jax
@@ -23,8 +24,10 @@ import jax
 __all__ = ["BatchLogs", "Callback", "CallbackList", "Monitor", "MonitoredCallback"]
 
 
-class BatchLogs(Mapping):
-    """A training batch's logs (``loss`` and metrics) as a read-only mapping of floats.
+class BatchLogs(MutableMapping):
+    """A training batch's logs (``loss`` and metrics) as a dict-like mapping of floats:
+    read, set (``logs["x"] = 1.0``, seen by the callbacks after), ``copy()`` (a plain
+    dict), ``dict(logs)`` (for ``json.dumps``, say).
 
     The values are computed on the device; ``logs["loss"]`` (or ``dict(logs)``) waits
     for them. ``raw`` holds the unconverted device scalars, for a callback that
@@ -40,11 +43,23 @@ class BatchLogs(Mapping):
             self._floats[key] = float(self.raw[key])
         return self._floats[key]
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.raw[key] = value
+        self._floats.pop(key, None)
+
+    def __delitem__(self, key: str) -> None:
+        del self.raw[key]
+        self._floats.pop(key, None)
+
     def __iter__(self):
         return iter(self.raw)
 
     def __len__(self) -> int:
         return len(self.raw)
+
+    def copy(self) -> dict[str, float]:
+        """The logs as a plain dict of floats (waits for the batch)."""
+        return dict(self)
 
     def __repr__(self) -> str:
         return f"BatchLogs({dict(self)!r})"

@@ -191,7 +191,21 @@ def batches(
             raise ShapeError(f"batch {count - 1}: x has {batch.size} samples, y has {_length('y', batch.y)}")
         yield batch
     if count == 0:
-        raise ShapeError("the data iterable yielded no batches")
+        raise NoBatches("the data iterable yielded no batches")
+
+
+class NoBatches(ShapeError):
+    """An iterable of batches gave none (``fit`` stops with a warning when an iterator ran
+    out after its first epoch, as Keras does)."""
+
+
+def read_once(data: Any) -> bool:
+    """Whether ``data`` is an iterator (a generator, say): iterating it again gives what
+    is left, not its batches anew."""
+    try:
+        return iter(data) is data
+    except TypeError:
+        return False
 
 
 # ------------------------------------------------------------------ layouts and weights

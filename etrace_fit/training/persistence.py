@@ -14,7 +14,7 @@ import numpy as np
 from .. import checkpoint
 from ..compiler import format_path
 from ..distributed import is_main_process
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, ShapeError
 from .logs import History
 from .optimizers import initial_state
 
@@ -142,10 +142,35 @@ class Persistence:
         return jax.tree.map(jnp.array, self._params().to_dict_values())
 
     def set_weights(self, weights: Mapping) -> None:
-        """Put back values from :meth:`get_weights`."""
+        """Put back values from :meth:`get_weights` (all of them or some paths): each
+        path one of the model's weights, its value structured as ``get_weights`` gives
+        it (a layer's ``{"weight", "bias"}``), of the same shapes, finite. Anything else
+        is an error naming the path, and no weight changes (a wrong shape used to be
+        taken and fail at the next ``fit``)."""
         params = self._params()
+        if not isinstance(weights, Mapping):
+            raise ConfigError(f"set_weights takes the dict get_weights returns ({{path: value}}), got a "
+                              f"{type(weights).__name__}")
+        unknown = [path for path in weights if path not in params]
+        if unknown:
+            raise ConfigError(f"set_weights: the model has no weight at {', '.join(map(repr, unknown))}; its weights: "
+                              f"{', '.join(map(repr, params))}")
         for path, value in weights.items():
-            params[path].value = value
+            current, name = params[path].value, format_path(path)
+            if jax.tree.structure(value) != jax.tree.structure(current):
+                expected = f" (a dict of {', '.join(map(repr, sorted(current)))})" if isinstance(current, Mapping) else ""
+                given = f" of {sorted(value)!r}" if isinstance(value, Mapping) else ""
+                raise ConfigError(f"set_weights: {name} must be structured as get_weights gives it{expected}, got "
+                                  f"{type(value).__name__}{given}")
+            for (where, new), old in zip(jax.tree_util.tree_flatten_with_path(value)[0], jax.tree.leaves(current)):
+                label = name + jax.tree_util.keystr(where)
+                if np.shape(new) != np.shape(old):
+                    raise ShapeError(f"set_weights: {label} must have shape {np.shape(old)}, got {np.shape(new)}")
+                if not np.isfinite(np.asarray(new, np.float64)).all():
+                    raise ShapeError(f"set_weights: {label} contains NaN or inf")
+        for path, value in weights.items():
+            params[path].value = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), value,
+                                              params[path].value)
         self._model_touched = True
 
 

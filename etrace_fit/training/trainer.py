@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import threading
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import brainstate
 import jax
@@ -36,8 +37,8 @@ from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
 from ..errors import ConfigError, ShapeError
-from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_mask, check_shuffle,
-                   check_weights, class_table, loss_weight, placement, split_validation)
+from .data import (Arrays, Batch, NoBatches, batch_major, batches, check_count, check_finite, check_mask, check_shuffle,
+                   check_weights, class_table, loss_weight, placement, read_once, split_validation)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
 from .state import ModelSync, Reset, TrainState, _other_positions, eager_reset, traced_reset
@@ -52,6 +53,15 @@ from .persistence import Persistence
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 
 LOSS_PLACEMENTS = ("last", "all", "mask")
+
+
+def _first_batch_ahead(data: Iterator) -> Iterator:
+    """``data`` with its first batch read now (an empty iterable raises here, before the
+    epoch's first step), then the rest as they come."""
+    first = next(data, None)
+    if first is None:  # batches() raised NoBatches already, unless the generator was closed
+        raise NoBatches("the data iterable yielded no batches")
+    return itertools.chain([first], data)
 
 
 def _class_label(value: Any) -> int | None:
@@ -501,6 +511,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 mask = np.asarray(mask)[: len(x)]
         else:
             validation = self._as_data(validation_data, "validation_data")
+        if not is_array and read_once(x) and steps_per_epoch is None and epochs - initial_epoch > 1:
+            raise ConfigError(f"x is an iterator (a generator, say): it is read once, so its batches last one epoch, "
+                              f"but epochs={epochs}; pass something that starts over when iterated again (a list "
+                              f"of batches, a class with __iter__), or give steps_per_epoch to read an endless "
+                              f"iterator in epochs")
         if is_array:
             check_finite(x)
             if sample_weight is not None:
@@ -514,6 +529,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         weights_by_class = None if class_weight is None else class_table(class_weight, y)
         self.sample_input = self.sample_inputs = self.sample_label = None
         self.batch_size = batch_size
+        validations = sum(map(validates, range(initial_epoch, epochs)))
+        if validation is not None and not isinstance(validation, Arrays) and read_once(validation) and validations > 1:
+            raise ConfigError(f"validation_data is an iterator (a generator, say): it is read once, but this fit "
+                              f"validates {validations} times; pass a list of batches or arrays (x_val, y_val)")
         if isinstance(validation, Arrays):
             check_finite(validation.x, "validation x")
             if validation.mask is not None:
@@ -597,6 +616,16 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
                            drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
+            try:
+                data = _first_batch_ahead(data)
+            except NoBatches:
+                if epoch == initial_epoch or not read_once(x):
+                    raise
+                ran = epoch - initial_epoch
+                warnings.warn(f"x ran out of data after {ran} epoch{'s' * (ran != 1)} of {steps_per_epoch} steps: "
+                              f"training stops (an iterator must give steps_per_epoch x epochs batches)",
+                              RuntimeWarning, stacklevel=3)
+                break
             for step, batch in enumerate(data):
                 if steps_per_epoch is not None and step >= steps_per_epoch:
                     break

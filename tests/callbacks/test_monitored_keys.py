@@ -158,3 +158,29 @@ def test_backups_go_after_early_stopping(tmp_path):
     again = _trainer().fit(x, y, batch_size=8, epochs=6, verbose=0, callbacks=[
         EarlyStopping("loss", min_delta=1e9, patience=1), BackupAndRestore(str(folder))])
     assert again.epoch == [0, 1]  # a new run, not the old one continued
+
+
+def test_a_batchs_logs_take_the_dict_idioms_of_keras_callbacks():
+    """``logs.copy()``, ``logs[key] = value`` and ``json.dumps(dict(logs))`` failed after
+    the first batch had trained (a read-only mapping)."""
+    import json
+
+    x, y = _data(16)
+    seen = []
+
+    class Keep(Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            logs["batch_index"] = float(batch)  # a later callback sees it
+            copied = logs.copy()
+            seen.append((type(copied), json.loads(json.dumps(dict(logs)))))
+
+    class Later(Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            assert logs["batch_index"] == batch
+            del logs["batch_index"]
+            assert "batch_index" not in logs and "loss" in logs
+
+    _trainer().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Keep(), Later()])
+    assert [kind for kind, _ in seen] == [dict, dict]
+    assert [logs["batch_index"] for _, logs in seen] == [0.0, 1.0]
+    assert all(isinstance(logs["loss"], float) for _, logs in seen)

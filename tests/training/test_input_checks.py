@@ -310,3 +310,56 @@ def test_a_mask_marks_steps_and_is_checked_before_training_wherever_it_comes():
     assert _fit_counting.began == 0
     ones = (ramp > 0).astype(np.int32)  # 1 / 0 is a mask as True / False is
     ef.Trainer(_model(), loss_on="mask").fit(x, y, batch_size=8, mask=ones, verbose=0)
+
+
+def test_set_weights_refuses_what_get_weights_would_not_give_and_changes_nothing():
+    """A wrong shape was taken (summary() counted other parameters) and failed at the
+    next fit; a bare array or a NaN was taken too."""
+    trainer = ef.Trainer(_model())
+    before = trainer.get_weights()
+    path, last = list(before)[0], list(before)[-1]
+    wrong = {**before, path: {**before[path], "weight": np.zeros((C + 3, 8), np.float32)}}
+    cases = [
+        (wrong, ShapeError, r"set_weights: layers\.0\.weight\['weight'\] must have shape \(4, 8\), got \(7, 8\)"),
+        ({path: np.zeros((C, 8))}, ConfigError, r"set_weights: layers\.0\.weight must be structured as get_weights "
+                                                r"gives it \(a dict of 'bias', 'weight'\), got ndarray"),
+        ({**before, last: {**before[last], "bias": np.full(2, np.nan, np.float32)}}, ShapeError,
+         r"set_weights: layers\.2\.weight\['bias'\] contains NaN or inf"),  # checked before the first is set
+        ({("layers", 7, "weight"): before[path]}, ConfigError, r"the model has no weight at \('layers', 7, 'weight'\)"),
+        (list(before.values()), ConfigError, r"set_weights takes the dict get_weights returns \(\{path: value\}\), "
+                                             r"got a list"),
+    ]
+    for weights, error, match in cases:
+        with pytest.raises(error, match=match):
+            trainer.set_weights(weights)
+        for key, value in trainer.get_weights().items():  # all or nothing: the good paths were not set either
+            for name in value:
+                np.testing.assert_array_equal(np.asarray(value[name]), np.asarray(before[key][name]))
+    halved = jax.tree.map(lambda w: np.asarray(w) / 2, before)
+    trainer.set_weights(halved)
+    np.testing.assert_allclose(np.asarray(trainer.get_weights()[path]["weight"]), halved[path]["weight"])
+
+
+# ------------------------------------------------------------------ iterators read once
+def test_an_iterator_over_more_epochs_than_it_lasts_fails_before_training_or_stops_as_keras():
+    x, y = _data(24)
+
+    def batches():
+        for i in range(0, 24, 8):
+            yield x[i:i + 8], y[i:i + 8]
+
+    trainer = ef.Trainer(_model())
+    with pytest.raises(ConfigError, match=r"x is an iterator \(a generator, say\): it is read once, so its batches "
+                                          r"last one epoch, but epochs=2; .*or give steps_per_epoch"):
+        _fit_counting(trainer, batches(), epochs=2)
+    assert _fit_counting.began == 0
+    with pytest.raises(ConfigError, match="validation_data is an iterator .* but this fit validates 2 times"):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, epochs=2, validation_data=batches())
+    assert _fit_counting.began == 0
+    # With steps_per_epoch an iterator is read across epochs; when it runs out, training
+    # stops with a warning and fit returns the History of the epochs it ran (Keras).
+    with pytest.warns(RuntimeWarning, match="x ran out of data after 1 epoch of 3 steps: training stops"):
+        history = ef.Trainer(_model()).fit(batches(), epochs=3, steps_per_epoch=3, verbose=0)
+    assert history.epoch == [0]
+    listed = ef.Trainer(_model()).fit(list(batches()), epochs=2, verbose=0)  # starts over
+    assert listed.epoch == [0, 1]
