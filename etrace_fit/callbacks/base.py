@@ -324,6 +324,17 @@ class Monitor:
         return value > self.best + self.min_delta
 
 
+def check_verbose_flag(owner: str, verbose: Any) -> int:
+    """A callback's ``verbose``: 0 or 1 (Keras' place for it, before ``mode``; a ``mode``
+    given by position where it used to be is named)."""
+    from ..errors import ConfigError
+
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        moved = " (mode moved after it, as in Keras: pass mode= by name)" if verbose in ("min", "max", "auto") else ""
+        raise ConfigError(f"{owner}: verbose must be 0 or 1, got {verbose!r}{moved}")
+    return int(verbose)
+
+
 class MonitoredCallback(Callback):
     """A callback that tracks the best value of one logged key through ``self._monitor``."""
 

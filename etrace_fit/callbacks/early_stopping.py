@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Monitor, MonitoredCallback
+from .base import Monitor, MonitoredCallback, check_verbose_flag
 
 __all__ = ["EarlyStopping"]
 
@@ -21,6 +21,7 @@ class EarlyStopping(MonitoredCallback):
         monitor: the logged key to watch (``"val_loss"``, ``"val_accuracy"``, ...).
         min_delta: the smallest change that counts as an improvement.
         patience: epochs without improvement before stopping.
+        verbose: 1 prints when it stops and when it restores the best weights (Keras' lines).
         mode: ``"min"``, ``"max"`` or ``"auto"`` (``max`` for accuracy-like keys).
         baseline: stop if the value does not beat this within ``patience`` epochs.
         restore_best_weights: put the best epoch's weights back when stopping or at the end
@@ -34,8 +35,9 @@ class EarlyStopping(MonitoredCallback):
         trainer.fit(x, y, validation_split=0.2, callbacks=[EarlyStopping("val_loss", patience=3)])
     """
 
-    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
-                 baseline: float | None = None, restore_best_weights: bool = False):
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, verbose: int = 0,
+                 mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False):
+        self.verbose = check_verbose_flag("EarlyStopping", verbose)  # first: a mode given where it was
         self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
         self.monitor, self.mode, self.patience = monitor, self._monitor.mode, patience
         self.baseline, self.restore_best_weights = baseline, restore_best_weights
@@ -60,9 +62,13 @@ class EarlyStopping(MonitoredCallback):
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = epoch
             self.model.stop_training = True
+            if self.verbose:
+                print(f"Epoch {epoch + 1}: early stopping")
 
     def on_train_end(self, logs=None):
         if self.restore_best_weights and self.best_weights is not None:
+            if self.verbose:
+                print(f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}.")
             self.model.set_weights(self.best_weights)
 
     def state_dict(self) -> dict[str, Any]:

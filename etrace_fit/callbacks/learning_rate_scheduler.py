@@ -31,8 +31,8 @@ class LearningRateScheduler(Callback):
     def on_train_begin(self, logs=None):
         if not self.model.learning_rate_settable:
             raise ConfigError("LearningRateScheduler sets the learning rate: build the optimizer with "
-                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "
-                              "or give it by name (optimizer='adam')")
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)"
+                              "(learning_rate=1e-3), or give it by name (optimizer='adam')")
 
     def on_epoch_begin(self, epoch, logs=None):
         value = float(self.schedule(epoch, self.model.learning_rate))

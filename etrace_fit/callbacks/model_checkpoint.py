@@ -8,7 +8,7 @@ import warnings
 
 from ..checkpoint import remove_temporaries
 from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback, writable_folder
+from .base import Monitor, MonitoredCallback, check_verbose_flag, writable_folder
 
 __all__ = ["ModelCheckpoint"]
 
@@ -20,8 +20,9 @@ class ModelCheckpoint(MonitoredCallback):
         filepath: a path template formatted with ``epoch`` (1-based, as Keras) and the
             epoch's logs, e.g. ``"ckpt/{epoch:03d}-{val_loss:.3f}.ckpt"``.
         monitor: the logged key that decides "best".
-        mode: ``"min"``, ``"max"`` or ``"auto"``.
+        verbose: 1 prints each save (Keras' line).
         save_best_only: save only when ``monitor`` improves.
+        mode: ``"min"``, ``"max"`` or ``"auto"``.
         keep_last: keep only the newest N files this callback wrote (None: all). Only
             files inside the folder of ``filepath`` are ever deleted, whatever a
             restored checkpoint lists.
@@ -29,7 +30,8 @@ class ModelCheckpoint(MonitoredCallback):
     ``monitor`` (with ``save_best_only``) and the keys ``filepath`` names must be keys
     the fit logs, checked before training; an epoch that did not validate
     (``validation_freq``) is skipped when they are validation values. The folder (the
-    part of ``filepath`` before any ``{field}``) must be writable, checked before training; temporary files a killed write left there are removed.
+    part of ``filepath`` before any ``{field}``) must be writable, checked before
+    training; temporary files a killed write left there are removed.
     State is saved under ``"ModelCheckpoint:<filepath>"``, so several checkpoints keep
     their own lists when reordered between runs.
 
@@ -40,8 +42,9 @@ class ModelCheckpoint(MonitoredCallback):
 
     main_process_only = True
 
-    def __init__(self, filepath: str, monitor: str = "val_loss", mode: str = "auto", save_best_only: bool = False,
-                 keep_last: int | None = None):
+    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0, save_best_only: bool = False,
+                 mode: str = "auto", keep_last: int | None = None):
+        self.verbose = check_verbose_flag("ModelCheckpoint", verbose)  # first: a mode given where it was
         if keep_last is not None and keep_last < 1:
             raise ConfigError(f"ModelCheckpoint: keep_last must be a positive int or None, got {keep_last!r}")
         self._monitor = Monitor("ModelCheckpoint", monitor, mode)
@@ -79,8 +82,10 @@ class ModelCheckpoint(MonitoredCallback):
         if self.save_best_only:
             value = self._current(epoch, logs)
             if value is None or not self._monitor.improves(value):
+                if self.verbose and value is not None:
+                    print(f"Epoch {epoch + 1}: {self.monitor} did not improve from {self.best:.5f}")
                 return
-            self.best = value
+            previous, self.best = self.best, value
         validates = getattr(self.model, "validates_epoch", None)
         if validates is not None and not validates(epoch) and any(
                 f.startswith("val_") and f not in logs for f in self._fields()):
@@ -94,6 +99,10 @@ class ModelCheckpoint(MonitoredCallback):
         if folder:
             os.makedirs(folder, exist_ok=True)
         self.model.save(path)
+        if self.verbose:
+            gain = (f"{self.monitor} improved from {previous:.5f} to {self.best:.5f}, " if self.save_best_only
+                    else "")
+            print(f"Epoch {epoch + 1}: {gain}saving model to {path}")
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)

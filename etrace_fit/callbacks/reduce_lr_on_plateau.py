@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback
+from .base import Monitor, MonitoredCallback, check_verbose_flag
 
 __all__ = ["ReduceLROnPlateau"]
 
@@ -16,7 +16,8 @@ class ReduceLROnPlateau(MonitoredCallback):
     Args:
         monitor: the logged key to watch; mode: ``"min"``, ``"max"`` or ``"auto"``.
         factor: in (0, 1); patience: epochs to wait; min_delta: the smallest improvement;
-        cooldown: epochs to wait after a reduction; min_lr: the floor.
+        cooldown: epochs to wait after a reduction; min_lr: the floor; verbose: 1 prints
+        each reduction (Keras' line).
 
     The optimizer must be built with ``optax.inject_hyperparams`` (or given by name),
     checked before training. An epoch that did not validate is skipped when ``monitor``
@@ -27,8 +28,9 @@ class ReduceLROnPlateau(MonitoredCallback):
         ReduceLROnPlateau("val_loss", factor=0.5, patience=2, min_lr=1e-5)
     """
 
-    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
-                 min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0):
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, verbose: int = 0,
+                 mode: str = "auto", min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0):
+        self.verbose = check_verbose_flag("ReduceLROnPlateau", verbose)  # first: a mode given where it was
         if not 0.0 < factor < 1.0:
             raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
         self._monitor = Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
@@ -40,8 +42,8 @@ class ReduceLROnPlateau(MonitoredCallback):
         self._check_monitor()
         if not self.model.learning_rate_settable:
             raise ConfigError("ReduceLROnPlateau changes the learning rate: build the optimizer with "
-                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "
-                              "or give it by name (optimizer='adam')")
+                              "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)"
+                              "(learning_rate=1e-3), or give it by name (optimizer='adam')")
 
     def on_epoch_end(self, epoch, logs=None):
         value = self._current(epoch, logs)
@@ -63,6 +65,8 @@ class ReduceLROnPlateau(MonitoredCallback):
                 raise ConfigError("ReduceLROnPlateau needs an optimizer built with optax.inject_hyperparams")
             if current > self.min_lr:
                 self.model.learning_rate = max(current * self.factor, self.min_lr)
+                if self.verbose:
+                    print(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate to {self.model.learning_rate}.")
             self.wait, self.cooldown_left = 0, self.cooldown
 
     def state_dict(self) -> dict[str, Any]:

@@ -234,12 +234,15 @@ class Evaluation:
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
         return keras_result(logs, return_dict)
 
-    def evaluate(self, x: Any, y: Any = None, batch_size: int = 32, verbose: int | str = "auto",
-                 callbacks: Sequence[Any] | None = None, mask: Any = None) -> dict[str, float]:
+    def evaluate(self, x: Any, y: Any = None, batch_size: int | None = 32, verbose: int | str = "auto",
+                 callbacks: Sequence[Any] | None = None, mask: Any = None, return_dict: bool = True) -> Any:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
         training). ``x`` as in :meth:`fit`: arrays (with ``y``, and ``mask`` with
-        ``loss_on="mask"``) or an iterable of batches."""
+        ``loss_on="mask"``) or an iterable of batches. ``return_dict=False``: Keras'
+        form, the loss alone or ``[loss, *metrics]`` (in :attr:`metrics_names` order);
+        the dict is the default here. ``batch_size=None`` is Keras' 32."""
         check_verbose(verbose)
+        batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
         if mask is not None:
             if not hasattr(x, "shape"):
@@ -248,9 +251,21 @@ class Evaluation:
             check_mask(data.mask, data.x)
         else:
             data = self._as_data(x, "x", y)
-        return self._evaluate(data, batch_size, CallbackList(callbacks, model=self))
+        result = self._evaluate(data, batch_size, CallbackList(callbacks, model=self))
+        names = [name for name in self.metrics_names if name in result]  # the loss, then the metrics in order
+        return keras_result({**{name: result[name] for name in names}, **result}, return_dict)
 
-    def predict(self, x: Any, batch_size: int = 32, verbose: int | str = "auto",
+    @property
+    def metrics_names(self) -> list[str]:
+        """Keras' ``metrics_names``: ``["loss", *metrics]``, the order of
+        ``evaluate(..., return_dict=False)`` and ``*_on_batch``'s lists."""
+        return ["loss", *self.metric_fns]
+
+    def predict_on_batch(self, x: Any) -> np.ndarray:
+        """Keras' ``predict_on_batch``: :meth:`predict` on ``x`` as one batch."""
+        return self.predict(x, batch_size=max(1, len(x)), verbose=0)
+
+    def predict(self, x: Any, batch_size: int | None = 32, verbose: int | str = "auto",
                 callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
         """Outputs for array data: ``(N, ...)`` at the last step, or every step
         (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is).
@@ -259,6 +274,7 @@ class Evaluation:
         traces follow training only, so call :meth:`reset_states` before training on
         a stream you predicted on."""
         check_verbose(verbose)
+        batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
         if not hasattr(x, "shape"):
             raise ConfigError(f"predict takes an array x, got {type(x).__name__}")

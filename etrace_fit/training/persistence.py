@@ -137,6 +137,10 @@ class Persistence:
         trainer.restore(path)
         return trainer
 
+    def count_params(self) -> int:
+        """Keras' ``count_params``: the number of trainable numbers (``summary()``'s total)."""
+        return int(sum(np.size(leaf) for leaf in jax.tree.leaves(self._params().to_dict_values())))
+
     def get_weights(self) -> dict:
         """A copy of every ParamState's value, keyed by path."""
         return jax.tree.map(jnp.array, self._params().to_dict_values())

@@ -427,7 +427,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self,
         x: Any,
         y: Any = None,
-        batch_size: int = 32,
+        batch_size: int | None = 32,
         epochs: int = 1,
         verbose: int | str = "auto",
         callbacks: Sequence[Any] | None = None,
@@ -479,6 +479,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < initial_epoch:
             raise ConfigError(f"epochs must be an int >= initial_epoch ({initial_epoch}), got {epochs!r}")
         validates = validation_schedule(validation_freq)
+        batch_size = 32 if batch_size is None else batch_size  # Keras' default
         check_count(batch_size, "batch_size")
         if steps_per_epoch is not None:
             check_count(steps_per_epoch, "steps_per_epoch")
@@ -559,6 +560,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if is_array:
             size = np.shape(x)[0]
             steps = size // batch_size if drop_remainder else -(-size // batch_size)
+            if steps_per_epoch is not None and steps_per_epoch > steps:
+                warnings.warn(f"steps_per_epoch={steps_per_epoch}, but {size} sequences give {steps} batches of "
+                              f"{batch_size}: each epoch runs {steps}", UserWarning, stacklevel=2)
             steps = steps if steps_per_epoch is None else min(steps, steps_per_epoch)
         elif steps_per_epoch is not None:
             steps = steps_per_epoch

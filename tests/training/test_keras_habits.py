@@ -267,3 +267,44 @@ def test_a_spiking_readout_learns_with_a_rate_loss_on_every_step(loss):
     history = trainer.fit(x, y, batch_size=32, epochs=10, verbose=0)
     assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
     assert before < 0.7 and count_accuracy() > 0.9
+
+
+def test_keras_evaluation_forms_and_counts():
+    """``evaluate(return_dict=False)``, ``metrics_names``, ``predict_on_batch``,
+    ``count_params`` and ``batch_size=None`` (Keras' 32) work as in Keras."""
+    x, y = _data(16)
+    trainer = ef.Trainer(_model(), metrics=["accuracy"])
+    trainer.fit(x, y, batch_size=None, epochs=1, verbose=0)
+    assert trainer.history.params["steps"] == 1  # 16 sequences, batches of 32
+    result = trainer.evaluate(x, y, verbose=0)
+    assert trainer.metrics_names == ["loss", "accuracy"]
+    assert trainer.evaluate(x, y, batch_size=None, verbose=0, return_dict=False) == [result[k] for k in
+                                                                                     trainer.metrics_names]
+    assert ef.Trainer(_model(), metrics=[]).evaluate(x, y, verbose=0, return_dict=False) == pytest.approx(
+        ef.Trainer(_model(), metrics=[]).evaluate(x, y, verbose=0)["loss"])  # the loss alone, as Keras
+    np.testing.assert_allclose(trainer.predict_on_batch(x[:5]), trainer.predict(x[:5], verbose=0), rtol=1e-6)
+    assert trainer.count_params() == C * H + H + H * 2 + 2
+    assert f"Total params: {trainer.count_params():,}" in trainer.summary(print_fn=None)
+    with pytest.warns(UserWarning, match="steps_per_epoch=5, but 16 sequences give 2 batches of 8: each epoch runs 2"):
+        ef.Trainer(_model()).fit(x, y, batch_size=8, steps_per_epoch=5, verbose=0)
+
+
+def test_monitor_callbacks_take_keras_verbose_and_argument_order(tmp_path, capsys):
+    from etrace_fit.callbacks import EarlyStopping, ModelCheckpoint, ReduceLROnPlateau
+
+    x, y = _data(16)
+    # Keras' positional order: (monitor, min_delta, patience, verbose, mode, ...)
+    stop = EarlyStopping("loss", 1e9, 1, 1, "min", restore_best_weights=True)
+    plateau = ReduceLROnPlateau("loss", 0.5, 1, 1, "min", min_delta=1e9)
+    keep = ModelCheckpoint(str(tmp_path / "best.ckpt"), "loss", 1, True)
+    ef.Trainer(_model(), optimizer="adam").fit(x, y, batch_size=8, epochs=5, verbose=0,
+                                               callbacks=[stop, plateau, keep])
+    printed = capsys.readouterr().out
+    assert "Epoch 2: early stopping" in printed
+    assert "Restoring model weights from the end of the best epoch: 1." in printed
+    assert "Epoch 2: ReduceLROnPlateau reducing learning rate to 0.0005" in printed
+    assert f"Epoch 1: loss improved from inf to " in printed and f"saving model to {tmp_path / 'best.ckpt'}" in printed
+    for make in (lambda: ModelCheckpoint("a.ckpt", "val_acc", "max"), lambda: EarlyStopping("loss", 0, 1, "min")):
+        with pytest.raises(ConfigError, match=r"verbose must be 0 or 1, got '(max|min)' \(mode moved after it, as in "
+                                              r"Keras: pass mode= by name\)"):
+            make()
