@@ -303,7 +303,7 @@ def test_monitor_callbacks_take_keras_verbose_and_argument_order(tmp_path, capsy
     assert "Epoch 2: early stopping" in printed
     assert "Restoring model weights from the end of the best epoch: 1." in printed
     assert "Epoch 2: ReduceLROnPlateau reducing learning rate to 0.0005" in printed
-    assert f"Epoch 1: loss improved from inf to " in printed and f"saving model to {tmp_path / 'best.ckpt'}" in printed
+    assert "Epoch 1: loss improved from inf to " in printed and f"saving model to {tmp_path / 'best.ckpt'}" in printed
     for make in (lambda: ModelCheckpoint("a.ckpt", "val_acc", "max"), lambda: EarlyStopping("loss", 0, 1, "min")):
         with pytest.raises(ConfigError, match=r"verbose must be 0 or 1, got '(max|min)' \(mode moved after it, as in "
                                               r"Keras: pass mode= by name\)"):
