@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from .. import _compat
 from ..algorithms.learner import _states_at
 from ..compiler import format_path
+from ..errors import ConfigError
 from ..layers.base import filled
 
 __all__ = ["ModelSync", "Reset", "TrainState", "traced_reset"]
@@ -64,6 +65,32 @@ class Reset(NamedTuple):
 def _other_positions(module: Any) -> list[int]:
     weights_at = set(module.weight_leaf_positions)
     return [n for n in range(len(module.state_leaves())) if n not in weights_at]
+
+
+def check_hidden_states_reset(model: Any, batch_size: int) -> None:
+    """:class:`~etrace_fit.ConfigError` naming each hidden state ``reset_all_states`` does
+    not write (a layer of yours whose ``init_state`` creates it but which defines no
+    ``reset_state``): it would carry from one batch, and one ``predict`` call, into the
+    next, silently."""
+    def reset():
+        brainstate.nn.reset_all_states(model, batch_size=batch_size)
+
+    with _states_at(model, batch_size):
+        function = brainstate.transform.StatefulFunction(reset, return_only_write=False)
+        function.make_jaxpr()
+        written = {id(state) for state in function.get_write_states_by_cache(function.get_arg_cache_key())}
+    kept = [(path, state) for path, state in model.states(brainstate.HiddenState).items() if id(state) not in written]
+    if not kept:
+        return
+    nodes = dict(model.nodes().items())
+    named = []
+    for path, _ in kept:
+        owner = nodes.get(tuple(path[:-1]))
+        named.append(f"{format_path(path)} ({type(owner).__name__ if owner is not None else '?'})")
+    raise ConfigError(f"hidden state {', '.join(named)} is not reset by reset_state, so it would carry from one batch "
+                      f"(and one predict call) into the next; define reset_state(self, batch_size=None, **kwargs) "
+                      f"setting it as init_state does (a layers.Neuron subclass has one), or make it a "
+                      f"brainstate.LongTermState if it is meant to last")
 
 
 def traced_reset(model: Any, module: Any, batch_size: int) -> Reset:

@@ -41,7 +41,8 @@ from .data import (Arrays, Batch, NoBatches, batch_major, batches, check_count, 
                    check_weights, class_table, loss_weight, placement, read_once, split_validation)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
-from .state import ModelSync, Reset, TrainState, _other_positions, eager_reset, traced_reset
+from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden_states_reset, eager_reset,
+                    traced_reset)
 from .step import build_train_step, placed_metrics, sequence_targets
 from .losses import check_labels, check_target_shape, get_loss, loss_name, needs_targets
 from .metrics import get_metrics
@@ -215,6 +216,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
+        self._resets_checked = False  # _ensure_states checked that reset_state resets every hidden state
         self._sample_output: tuple | None = None  # one sample's output at one step, once a batch was checked
         self.fit_log_keys: list[str] | None = None  # during fit: the keys every epoch logs (callbacks check theirs)
         self.validates_epoch = None  # during fit: whether an epoch (0-based) validates
@@ -362,6 +364,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._push()
         if not self._model.states(brainstate.HiddenState):
             brainstate.nn.init_all_states(self._model, batch_size=batch_size)
+        if not self._resets_checked:  # once: a hidden state no reset_state writes would leak across batches
+            check_hidden_states_reset(self._model, batch_size)
+            self._resets_checked = True
 
     # ------------------------------------------------------------------ streams
     def reset_states(self) -> None:

@@ -363,3 +363,40 @@ def test_an_iterator_over_more_epochs_than_it_lasts_fails_before_training_or_sto
     assert history.epoch == [0]
     listed = ef.Trainer(_model()).fit(list(batches()), epochs=2, verbose=0)  # starts over
     assert listed.epoch == [0, 1]
+
+
+def test_a_hidden_state_no_reset_state_writes_is_named_before_anything_runs():
+    """A layer of yours that creates a hidden state in init_state but defines no
+    reset_state: its state carried from one batch into the next (predict twice gave
+    outputs 23.6 apart), silently."""
+    class Leaky(brainstate.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.n = n
+
+        def init_state(self, batch_size=None, **kwargs):
+            self.acc = brainstate.HiddenState(jnp.zeros((batch_size, self.n)))
+
+        def update(self, x):
+            self.acc.value = 0.9 * self.acc.value + x
+            return self.acc.value
+
+    def model():
+        return ef.Sequential(ef.layers.Linear(C, 8), Leaky(8), ef.layers.LeakyRateReadout(8, 2))
+
+    x, y = _data()
+    match = (r"hidden state layers\.1\.acc \(Leaky\) is not reset by reset_state, so it would carry from one batch "
+             r"\(and one predict call\) into the next; define reset_state")
+    with pytest.raises(ConfigError, match=match):
+        _fit_counting(ef.Trainer(model()), x, y, batch_size=8)
+    assert _fit_counting.began == 0
+    for call in (lambda t: t.predict(x, verbose=0), lambda t: t.evaluate(x, y, verbose=0)):
+        with pytest.raises(ConfigError, match=match):
+            call(ef.Trainer(model()))
+
+    class Reset(Leaky):
+        def reset_state(self, batch_size=None, **kwargs):
+            self.acc.value = jnp.zeros((batch_size, self.n))
+
+    trainer = ef.Trainer(ef.Sequential(ef.layers.Linear(C, 8), Reset(8), ef.layers.LeakyRateReadout(8, 2)))
+    np.testing.assert_array_equal(trainer.predict(x, verbose=0), trainer.predict(x, verbose=0))
