@@ -475,9 +475,9 @@ SUMMARY = [
     "(`9c8a025`) read 0.61× on the LIF net there too: which side of 0.6× the LIF net lands on moves with "
     "the machine.",
     "- **Other layers** (2026-11-28, H = 128, B = 16, T = 200; \"Every recurrent layer of the library\" "
-    "below): ES-D-RTRL 0.52–0.69× BPTT on all eleven; D-RTRL 0.97–1.00× on the other one-state cells with a "
-    "recurrent product, 1.08–1.50× on two-state ones (LSTM, URLSTM, LRU, ALIF, RecurrentALIF, a synapse "
-    "before a LIF) and on the minimal gated cells (MinGRU 1.15×, MinLSTM 1.39×).",
+    "below): ES-D-RTRL 0.47–0.69× BPTT on all eleven; D-RTRL 0.97–1.00× on the other one-state cells with a "
+    "recurrent product, 1.08–1.42× on two-state ones (LSTM, URLSTM, LRU, ALIF, RecurrentALIF, a synapse "
+    "before a LIF) and on the minimal gated cells (MinGRU 1.15×, MinLSTM 1.09×).",
     "- **A mask** (`loss_on=\"mask\"`, here every 10th step) costs what the loss at every step does: "
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
@@ -547,21 +547,23 @@ LAYERS_READING = [
     "Read against the grid (2026-11-28, 3 processes a row, 7 rounds; the grid's three rows are the targets' "
     "runs above):",
     "",
-    "- **ES-D-RTRL** takes 0.52–0.69× BPTT's time on every layer with the loss at every step and 0.17–0.32× "
+    "- **ES-D-RTRL** takes 0.47–0.69× BPTT's time on every layer with the loss at every step and 0.17–0.32× "
     "with the loss at the last step: its step loop costs about the forward pass and the pull-back for the "
     "learning signal, whatever the layer.",
     "- **D-RTRL** costs about BPTT's time (0.80–1.00×) on the one-state layers whose step has a recurrent "
     "product (GRU, RLIF, vanilla, MGU, MinimalRNN) and more on the others. With `S` states per unit its "
     "trace has `S` slabs per weight and its chunk's GEMMs do about `S` times BPTT's weight-gradient "
-    "multiply-adds (docs/theory.md §5.9): 1.08–1.50× on the two-state layers (LRU 1.08×, RecurrentALIF "
-    "1.15×, the synapse-filtered LIF 1.37×, the feed-forward ALIF 1.42×, URLSTM 1.45×, LSTM 1.50×). On "
-    "the minimal gated cells, whose gates read the input alone (MinGRU 1.15×, MinLSTM 1.39×), BPTT has no "
+    "multiply-adds (docs/theory.md §5.9): 1.08–1.42× on the two-state layers (LRU 1.08×, RecurrentALIF "
+    "1.15×, URLSTM 1.18×, LSTM 1.27×, the synapse-filtered LIF 1.37×, the feed-forward ALIF 1.42×). Gates "
+    "that read one input (an LSTM's four on `[x, h]`) share one stacked `X` and its transposes "
+    "(2026-11-28: LSTM 1.50 → 1.27×, URLSTM 1.45 → 1.18×, MinLSTM 1.39 → 1.09×). On "
+    "the minimal gated cells, whose gates read the input alone (MinGRU 1.15×, MinLSTM 1.09×), BPTT has no "
     "recurrent product to run per step, so its step is cheap, while D-RTRL still keeps a `(B, K, O)` trace "
     "per gate. With the loss at the last step D-RTRL takes 0.42–1.01×.",
     "- **What the default picks.** `hybrid` gives D-RTRL every weight whose trace fits the per-sample "
-    "budget (4 MiB), which all of these do at H = 128: an LSTM trains by D-RTRL at 1.5× BPTT's time. "
+    "budget (4 MiB), which all of these do at H = 128: an LSTM trains by D-RTRL at 1.3× BPTT's time. "
     "Through an LSTM's dense recurrence neither rule is exact, and D-RTRL's gradient is the closer one "
-    "(docs/fidelity.md); `algo=\"esd_rtrl\"` (or a smaller `memory_budget`) trades that for 0.56×. On the "
+    "(docs/fidelity.md); `algo=\"esd_rtrl\"` (or a smaller `memory_budget`) trades that for 0.51×. On the "
     "per-unit layers (ALIF, the synapse, LRU, minGRU / minLSTM) D-RTRL is exact and ES-D-RTRL is not "
     "(docs/layers.md says which rule is exact for each layer).",
 ]

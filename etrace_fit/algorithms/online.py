@@ -515,7 +515,18 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         jacobians, sensitivities, memory = transition_derivatives(leaves, input_leaves, captured)
         signal_of = {s.path: hidden_signals[k] for k, s in enumerate(hidden)}
-        pair_signals, one_step_taken = [], set()
+        pair_signals, one_step_taken, columns = [], set(), {}
+
+        def canonical_x(pair, x, params, batch):
+            # Pairs whose dense ops read one input (an LSTM's four gates on ``[x, h]``) get one
+            # ``X``, bias column and all, so the step loop stacks it once for all of them.
+            if pair.kind != "dense":
+                return pair.canonical_x(x, params, batch, trace_dtype)
+            key = (id(x), pair.has_bias)
+            if key not in columns:
+                columns[key] = pair.canonical_x(x, params, batch, trace_dtype)
+            return columns[key]
+
         for pair, eqn in zip(pairs, pair_eqns):
             index = pair.relation.eqn_index
             dY = G = None
@@ -538,7 +549,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                                               kappa=jnp.full((batch,), feedback.kappa, Df[0].dtype),
                                               u_prev=u_prev, u_y=u_y, u_signal=L)
                 pair_signals.append(PairSignals(
-                    X=pair.canonical_x(x, eqn.params, batch, trace_dtype), D=_cast(D, trace_dtype),
+                    X=canonical_x(pair, x, eqn.params, batch), D=_cast(D, trace_dtype),
                     Df=_cast(Df, trace_dtype), G=_cast(G, trace_dtype),
                     dY=None if L is None else (L * u_y).astype(trace_dtype)))
                 continue
@@ -556,7 +567,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             # Split per state (base.split_states); a rule that reads the canonical form
             # gets it joined where the engine hands the signals over.
             pair_signals.append(PairSignals(
-                X=pair.canonical_x(x, eqn.params, batch, trace_dtype),
+                X=canonical_x(pair, x, eqn.params, batch),
                 D=_cast(D, trace_dtype), Df=_cast(Df, trace_dtype), G=_cast(G, trace_dtype), dY=dY))
         one_step = None
         if active is not False:

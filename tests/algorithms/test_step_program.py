@@ -106,3 +106,24 @@ def test_untraced_dense_ops_leave_their_weight_gradient_to_one_gemm_per_chunk():
             assert not np.any(np.asarray(grad)), f"{path} got a per-step weight gradient"
     assert [tuple(x.shape) for x, _ in one_step] and all(x.shape[0] == B and dy.shape[0] == B for x, dy in one_step)
     assert any(np.any(np.asarray(dy)) for _, dy in one_step)
+
+
+@pytest.mark.parametrize("cell, inputs", [(layers.LSTMCell, 1), (layers.GRUCell, 2)], ids=["lstm", "gru"])
+def test_gates_on_one_input_stack_one_x_per_step(cell, inputs):
+    """D-RTRL's chunk reads each pair's input ``X = [x, h, 1]``; the gates that share one
+    input (an LSTM's four, a GRU's z and r; its candidate reads ``[x, r h]``) have it
+    stacked once per step and transposed once per chunk, not once per gate (LSTM(64 →
+    128): 1.50 → 1.27× BPTT's time). Counted in the compiled program: the writes of a
+    ``(C, B, I + H + 1)`` buffer."""
+    model = _model(cell)
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.normal(size=(T, B, I)), jnp.float32)
+    ys = jnp.asarray(rng.normal(size=(T, B, O)), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        learner = ef.compile(model, xs[0], _loss, algo="d_rtrl")
+    compiled = learner.compiled(xs, ys)
+    text = compiled.run.lower(compiled.weight_leaves(), compiled.state_leaves(), [xs], ys).compile().as_text()
+    writes = [line for line in text.splitlines()
+              if re.search(rf"= f32\[{T},{B},{I + H + 1}\]\S* dynamic-update-slice\(", line)]
+    assert len(writes) == inputs, writes
