@@ -39,10 +39,8 @@ def _loss(out, y):
     return jnp.mean((out - y) ** 2)
 
 
-def matmul_shapes(cell, algo: str) -> collections.Counter:
-    """How many matrix products of each output shape the compiled program runs, keyed
-    ``(direction, shape)``: ``"back"`` for a pull-back's (JAX names it ``transpose(…)``),
-    else ``"fwd"``."""
+def compiled_text(cell, algo: str) -> str:
+    """The optimised HLO of ``cell``'s training program under ``algo``."""
     model = _model(cell)
     rng = np.random.default_rng(0)
     xs = jnp.asarray(rng.normal(size=(T, B, I)), jnp.float32)
@@ -52,7 +50,14 @@ def matmul_shapes(cell, algo: str) -> collections.Counter:
         learner = ef.compile(model, xs[0], _loss, algo=algo)
     compiled = learner.compiled(xs, ys)
     args = (compiled.weight_leaves(), compiled.state_leaves(), [xs], ys)
-    text = compiled.run.lower(*args).compile().as_text()
+    return compiled.run.lower(*args).compile().as_text()
+
+
+def matmul_shapes(cell, algo: str) -> collections.Counter:
+    """How many matrix products of each output shape the compiled program runs, keyed
+    ``(direction, shape)``: ``"back"`` for a pull-back's (JAX names it ``transpose(…)``),
+    else ``"fwd"``."""
+    text = compiled_text(cell, algo)
     return collections.Counter(("back" if "transpose(" in name else "fwd", tuple(int(d) for d in dims.split(",")))
                                for _, dims, name in _DOT.findall(text))
 
@@ -115,15 +120,7 @@ def test_gates_on_one_input_stack_one_x_per_step(cell, inputs):
     stacked once per step and transposed once per chunk, not once per gate (LSTM(64 →
     128): 1.50 → 1.27× BPTT's time). Counted in the compiled program: the writes of a
     ``(C, B, I + H + 1)`` buffer."""
-    model = _model(cell)
-    rng = np.random.default_rng(0)
-    xs = jnp.asarray(rng.normal(size=(T, B, I)), jnp.float32)
-    ys = jnp.asarray(rng.normal(size=(T, B, O)), jnp.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ef.ApproximationWarning)
-        learner = ef.compile(model, xs[0], _loss, algo="d_rtrl")
-    compiled = learner.compiled(xs, ys)
-    text = compiled.run.lower(compiled.weight_leaves(), compiled.state_leaves(), [xs], ys).compile().as_text()
+    text = compiled_text(cell, "d_rtrl")
     writes = [line for line in text.splitlines()
               if re.search(rf"= f32\[{T},{B},{I + H + 1}\]\S* dynamic-update-slice\(", line)]
     assert len(writes) == inputs, writes
