@@ -290,6 +290,8 @@ class Monitor:
         keys = getattr(trainer, "fit_log_keys", None)
         if keys is None or self.key in keys:
             return
+        if getattr(trainer, "regularizers", None) and self.key.removeprefix("val_").startswith("rate_"):
+            return  # a regularised layer's rate, rate_<path>: its paths are known once the model is compiled
         logged = ", ".join(keys)
         if self.key.startswith("val_") and not any(k.startswith("val_") for k in keys):
             raise ConfigError(f"{self.owner}: {what} {self.key!r} is a validation value, but this fit has no "

@@ -184,3 +184,14 @@ def test_a_batchs_logs_take_the_dict_idioms_of_keras_callbacks():
     assert [kind for kind, _ in seen] == [dict, dict]
     assert [logs["batch_index"] for _, logs in seen] == [0.0, 1.0]
     assert all(isinstance(logs["loss"], float) for _, logs in seen)
+
+
+def test_a_regularised_layers_rate_can_be_monitored():
+    """``rate_<path>`` is logged once the model is compiled: not refused before training."""
+    from etrace_fit.training import FiringRateRegularizer
+
+    x, y = _data(16)
+    stopper = EarlyStopping("rate_layers.1", mode="min", patience=5)
+    trainer = ef.Trainer(_trainer().model, regularizers=[FiringRateRegularizer(target=0.1, strength=1.0)])
+    history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[stopper])
+    assert stopper.best == min(history.history["rate_layers.1"])
