@@ -172,8 +172,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             raise ConfigError(f"update_every must be a positive int or None, got {update_every!r}")
         if update_every is not None and sequence_algo(algo) is not None:
             raise ConfigError("update_every needs an online rule; BPTT sees the whole sequence first")
-        if grad_clip is not None and not grad_clip > 0:
-            raise ConfigError(f"grad_clip must be positive, got {grad_clip!r}")
+        if grad_clip is not None and (isinstance(grad_clip, bool) or not isinstance(grad_clip, (int, float, np.number))
+                                      or not grad_clip > 0):
+            raise ConfigError(f"grad_clip must be a positive number or None, got {grad_clip!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
+        if not isinstance(model, brainstate.nn.Module):
+            raise ConfigError(f"model must be a brainstate module (an etrace_fit.Sequential, a layer, or your "
+                              f"brainstate.nn.Module subclass), got {type(model).__name__}")
         parse_bytes(memory_budget)
         trace_dtype = check_trace_dtype(trace_dtype)
         if not isinstance(stateful, bool):

@@ -70,10 +70,17 @@ def test_an_optimizer_name_is_saved_and_reloaded_by_name(tmp_path):
     (dict(loss="hinge"), r"loss: unknown 'hinge'; valid names: cross_entropy"),
     (dict(metrics="accuracy"), r"metrics must be a list .* got the string 'accuracy'; write metrics=\['accuracy'\]"),
     (dict(metrics=["f1"]), r"metrics: unknown 'f1'"),
+    (dict(grad_clip="1.0"), r"grad_clip must be a positive number or None, got '1.0'"),  # was a TypeError of '>'
+    (dict(seed="0"), r"seed must be an int >= 0, got '0'"),  # was a TypeError at fit
 ])
 def test_bad_names_fail_in_the_constructor_naming_the_argument(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ef.Trainer(_model(), **kwargs)
+
+
+def test_a_model_that_is_not_a_module_is_named_in_the_constructor():
+    with pytest.raises(ConfigError, match="model must be a brainstate module .* got function"):
+        ef.Trainer(lambda x: x)  # was an AttributeError: 'function' object has no attribute 'states'
 
 
 def test_tensorboard_update_freq_takes_keras_values_and_rejects_others_in_the_constructor(tmp_path):
