@@ -18,7 +18,7 @@ from .. import _compat
 from ..callbacks import CallbackList
 from ..errors import ConfigError
 from .data import Arrays, batch_major, batches, check_count, check_finite, check_mask, placement
-from .losses import check_target_shape, loss_name, needs_targets
+from .losses import check_batch_targets, check_target_shape, loss_name, needs_targets
 from .logs import check_verbose, keras_result
 
 __all__ = ["Evaluation"]
@@ -199,9 +199,8 @@ class Evaluation:
                 shape = np.shape(self._outputs(xs[:1]))
                 self._num_classes = self._num_classes or int(shape[-1])
                 self._sample_output = tuple(shape[2:])
-            if step == 0 and batch.y is None and needs_targets(self.loss_fn):
-                raise ConfigError(f"x: loss {loss_name(self.loss_fn)!r} needs targets, but the data's batches carry "
-                                  f"none; yield (x, y) or (x, y, mask) batches")
+            if step == 0:
+                check_batch_targets(self.loss_fn, batch.y)
             if step == 0 and self._sample_output is not None:
                 check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=where)
             if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs

@@ -19,8 +19,8 @@ import optax
 
 from ..errors import ConfigError, ShapeError
 
-__all__ = ["LOSSES", "categorical_cross_entropy", "check_labels", "check_target_shape", "class_labels", "cross_entropy",
-           "get_loss", "loss_name", "mae", "mse", "needs_targets"]
+__all__ = ["LOSSES", "categorical_cross_entropy", "check_batch_targets", "check_labels", "check_target_shape",
+           "class_labels", "cross_entropy", "get_loss", "loss_name", "mae", "mse", "needs_targets"]
 
 Loss = Callable[[jax.Array, Any], jax.Array]
 
@@ -107,6 +107,13 @@ def needs_targets(loss: Loss) -> bool:
     from .spiking import SPIKING_LOSSES
 
     return any(loss is known for known in [*LOSSES.values(), *SPIKING_LOSSES.values()])
+
+
+def check_batch_targets(loss: Loss, targets: Any) -> None:
+    """:class:`ConfigError` when batches of an iterable carry no ``y`` the loss needs."""
+    if targets is None and needs_targets(loss):
+        raise ConfigError(f"x: loss {loss_name(loss)!r} needs targets, but the data's batches carry none; yield "
+                          f"(x, y) or (x, y, mask) batches")
 
 
 def check_target_shape(loss: Loss, output: tuple, target: tuple, *, where: str = "y") -> None:

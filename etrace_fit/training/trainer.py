@@ -44,7 +44,7 @@ from .memory import check_trace_memory, device_memory
 from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden_states_reset, eager_reset,
                     traced_reset)
 from .step import build_train_step, placed_metrics, sequence_targets
-from .losses import check_labels, check_target_shape, get_loss, loss_name, needs_targets
+from .losses import check_batch_targets, check_labels, check_target_shape, get_loss, loss_name, needs_targets
 from .metrics import get_metrics
 from .dashboards import Dashboards
 from .evaluation import Evaluation
@@ -650,9 +650,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if not is_array:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
-                    if batch.y is None and needs_targets(self.loss_fn):
-                        raise ConfigError(f"x: loss {loss_name(self.loss_fn)!r} needs targets, but the data's "
-                                          f"batches carry none; yield (x, y) or (x, y, mask) batches")
+                    check_batch_targets(self.loss_fn, batch.y)
                     self._check_first(xs, ys)
                     if is_array:  # every label, not only the first batch's, before the first update
                         self._check_targets(y, "y")
