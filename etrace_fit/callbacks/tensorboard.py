@@ -95,6 +95,23 @@ class TensorBoard(Callback):
         final_histograms: also write histograms and rasters at the last epoch.
         legacy_tags: also write the tags of 0.2 (``epoch/val_loss`` in one run,
             ``weights/layers.0.weight/weight``); deprecated, removed in 0.4.
+        write_graph: Keras' graph: here the model summary and the compile report in
+            the text dashboard (a jitted JAX program has no layer graph to draw);
+            ``False`` leaves them out.
+        write_images: also write each weight matrix as an image
+            (``weight_images/Linear_0/kernel``, scaled to its range) with the
+            histograms.
+        write_steps_per_second: also write ``epoch/steps_per_second`` (batches a
+            second) and, with ``update_freq``, ``batch/steps_per_second``.
+        profile_batch: profile training batch ``n`` (1-based, counted over the fit), or
+            the batches ``(start, stop)``, with ``jax.profiler`` into ``log_dir/train``
+            (TensorBoard's Profile tab); 0: none.
+        embeddings_freq, embeddings_metadata: Keras' embedding projector, which is not
+            written here: anything but ``0`` / ``None`` is a ``ConfigError``.
+
+    Every argument after ``log_dir`` is passed by name: Keras' positional order
+    (``histogram_freq`` second) and this callback's (``update_freq`` second) differ, so
+    a position would be read the wrong way.
 
     Example::
 
@@ -105,10 +122,22 @@ class TensorBoard(Callback):
 
     main_process_only = True
 
-    def __init__(self, log_dir: str = "runs", update_freq: int | str = "epoch", histogram_freq: int = 1,
+    def __init__(self, log_dir: str = "runs", *, update_freq: int | str = "epoch", histogram_freq: int = 1,
                  raster_freq: int | None = None, hparams: Mapping[str, Any] | None = None,
-                 final_histograms: bool = True, legacy_tags: bool = False):
+                 final_histograms: bool = True, legacy_tags: bool = False, write_graph: bool = True,
+                 write_images: bool = False, write_steps_per_second: bool = False,
+                 profile_batch: int | tuple[int, int] = 0, embeddings_freq: int = 0, embeddings_metadata: Any = None):
         from ..errors import ConfigError
+
+        for name, flag in (("write_graph", write_graph), ("write_images", write_images),
+                           ("write_steps_per_second", write_steps_per_second)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"TensorBoard: {name} must be True or False, got {flag!r}")
+        if embeddings_freq or embeddings_metadata is not None:
+            raise ConfigError(f"TensorBoard: embeddings_freq={embeddings_freq!r}, embeddings_metadata="
+                              f"{embeddings_metadata!r}: Keras' embedding projector is not written here; leave them "
+                              f"0 and None (weights: histogram_freq, write_images)")
+        self.profile_range = _profile_range(profile_batch)
 
         if update_freq == "epoch":
             update_freq = 0
@@ -128,9 +157,13 @@ class TensorBoard(Callback):
         self.log_dir, self.update_freq, self.histogram_freq = os.fspath(log_dir), update_freq, histogram_freq
         self.raster_freq = histogram_freq if raster_freq is None else raster_freq
         self.hparams, self.final_histograms, self.legacy_tags = dict(hparams or {}), final_histograms, legacy_tags
+        self.write_graph, self.write_images = write_graph, write_images
+        self.write_steps_per_second = write_steps_per_second
         self._writers: dict[str, Any] = {}
         self._global_batch = 0
         self._dashboard_written = False
+        self._profiling = False
+        self._fit_batch = 0
 
     # ------------------------------------------------------------------ writers
     def _writer(self, run: str):
@@ -144,22 +177,51 @@ class TensorBoard(Callback):
         return f"TensorBoard:{self.log_dir}"
 
     def on_train_begin(self, logs=None):
+        if self._profiling:  # a fit that raised inside the profiled batches left it running
+            self._stop_profile()
         writable_folder(self.log_dir, "TensorBoard")
         self._writer("train")
         self._dashboard_written = False
         self._labels = layer_labels(self.model.model)
         self._first_rate = None
+        self._fit_batch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._sequences = time.perf_counter(), 0
+        self._start, self._sequences, self._batches = time.perf_counter(), 0, 0
+        self._batch_start = self._start
 
     def on_train_batch_begin(self, batch, logs=None):
         self._sequences += int((logs or {}).get("size", 0))
+        self._batches += 1
+        self._fit_batch += 1
+        if self.profile_range and self._fit_batch == self.profile_range[0]:
+            import jax
+
+            jax.profiler.start_trace(os.path.join(self.log_dir, "train"))
+            self._profiling = True
 
     def on_train_batch_end(self, batch, logs=None):
         self._global_batch += 1
-        if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in (logs or {}):
-            self._writer("train").add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+        logs = logs or {}
+        if self._profiling and self._fit_batch >= self.profile_range[1]:
+            self._stop_profile(logs)
+        if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in logs:
+            train = self._writer("train")
+            train.add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+            if self.write_steps_per_second:
+                now = time.perf_counter()
+                train.add_scalar("batch/steps_per_second", self.update_freq / max(now - self._batch_start, 1e-9),
+                                 self._global_batch)
+                self._batch_start = now
+
+    def _stop_profile(self, logs=None) -> None:
+        """End the profile once the profiled batches' work is done (their loss is read)."""
+        import jax
+
+        if logs and "loss" in logs:
+            jax.block_until_ready(logs["loss"])
+        jax.profiler.stop_trace()
+        self._profiling = False
 
     def _is_last(self, epoch: int) -> bool:
         return epoch + 1 >= int(self.params.get("epochs") or 0) or bool(self.model.stop_training)
@@ -176,12 +238,14 @@ class TensorBoard(Callback):
             self._first_rate = float(logs["learning_rate"])
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         train.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
+        if self.write_steps_per_second:
+            train.add_scalar("epoch/steps_per_second", self._batches / elapsed, epoch)
         self._norms(epoch)
         last = self.final_histograms and self._is_last(epoch)
         if (self.histogram_freq and epoch % self.histogram_freq == 0) or last:
             self._histograms(epoch)
         self._spiking(epoch, raster=bool(self.raster_freq and epoch % self.raster_freq == 0) or last)
-        if not self._dashboard_written:
+        if self.write_graph and not self._dashboard_written:
             self._dashboard_written = True
             summary = trainer.summary(print_fn=None)
             train.add_text("model_summary", "```\n" + summary + "\n```", epoch)
@@ -225,10 +289,23 @@ class TensorBoard(Callback):
         if values.size:
             self._writer("train").add_histogram(tag, values, epoch)
 
+    def _weight_image(self, tag: str, values: np.ndarray, epoch: int) -> None:
+        """A weight as a grey image scaled to its own range (a vector as one row; more
+        axes folded into the rows), as Keras' ``write_images``."""
+        image = values.reshape(1, -1) if values.ndim < 2 else values.reshape(-1, values.shape[-1])
+        finite = np.isfinite(image)
+        if not finite.any():
+            return
+        low, high = image[finite].min(), image[finite].max()
+        scaled = np.where(finite, (image - low) / (high - low if high > low else 1.0), 0.0)
+        self._writer("train").add_image(tag, scaled.astype(np.float32), epoch, dataformats="HW")
+
     def _histograms(self, epoch: int) -> None:
         trainer = self.model
         for path, leaf, array in self._leaves(trainer.get_weights()):
             self._histogram(f"weights/{self._tag(path, leaf)}", array, epoch)
+            if self.write_images:
+                self._weight_image(f"weight_images/{self._tag(path, leaf)}", array, epoch)
             if self.legacy_tags:
                 name = ".".join(str(p) for p in path)
                 self._histogram(f"weights/{name}{'/' + leaf if leaf else ''}", array, epoch)
@@ -294,6 +371,8 @@ class TensorBoard(Callback):
         return metrics
 
     def on_train_end(self, logs=None):
+        if self._profiling:  # training stopped inside the profiled batches
+            self._stop_profile()
         if not self._writers:
             return
         from tensorboardX.summary import hparams
@@ -316,3 +395,19 @@ class TensorBoard(Callback):
 
     def load_state_dict(self, state):
         self._global_batch = state["global_batch"]
+
+
+def _profile_range(profile_batch: Any) -> tuple[int, int] | None:
+    """Keras' ``profile_batch`` as ``(first, last)`` 1-based batches, or None for 0."""
+    from ..errors import ConfigError
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if count(profile_batch):
+        return (profile_batch, profile_batch) if profile_batch else None
+    if (isinstance(profile_batch, (tuple, list)) and len(profile_batch) == 2 and all(map(count, profile_batch))
+            and 0 < profile_batch[0] <= profile_batch[1]):
+        return int(profile_batch[0]), int(profile_batch[1])
+    raise ConfigError(f"TensorBoard: profile_batch must be a batch number >= 0 (0: no profile) or a range "
+                      f"(start, stop) with 0 < start <= stop, got {profile_batch!r}")

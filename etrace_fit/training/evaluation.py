@@ -6,7 +6,9 @@ with ``fit``."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
+import warnings
 from typing import Any, Sequence
 
 import brainstate
@@ -16,8 +18,9 @@ import numpy as np
 
 from .. import _compat
 from ..callbacks import CallbackList
-from ..errors import ConfigError
-from .data import Arrays, batch_major, batches, check_count, check_finite, check_mask, placement
+from ..errors import ConfigError, ShapeError
+from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_mask, check_weights,
+                   loss_weight, placement)
 from .losses import check_batch_targets, check_target_shape, loss_name, needs_targets
 from .logs import check_verbose, keras_result
 
@@ -88,7 +91,11 @@ class Evaluation:
         step = model if self._step_fn is None else self._step_fn
 
         @brainstate.transform.jit(static_argnums=3, compiler_options=_compat.compiler_options())
-        def eval_step(xs, ys, weight, carry=False):
+        def eval_step(xs, ys, weight, carry=False, metric_weight=None):
+            """``weight`` places and weighs the loss; the metrics are placed by
+            ``metric_weight`` (the placement without sample weights; ``weight`` when
+            None), so a sample weighed 0 counts in them as in ``fit``'s."""
+            metric_weight = weight if metric_weight is None else metric_weight
             if not carry:
                 brainstate.nn.reset_all_states(model, batch_size=xs.shape[1])
             with brainstate.environ.context(fit=False):  # dropout off, as in Keras' evaluate
@@ -99,7 +106,7 @@ class Evaluation:
                 penalty = sum(reg.sequence_penalty({p: spikes[p] for p in paths}) for reg, paths in regularizers)
             per_step = jax.vmap(loss_fn)(outputs, ys)
             return {"loss": jnp.sum(weight * per_step) / weight.shape[1] + penalty,
-                    **self._metrics(outputs, ys, weight)}
+                    **self._metrics(outputs, ys, metric_weight)}
 
         return eval_step
 
@@ -155,13 +162,15 @@ class Evaluation:
                               f"{type(data).__name__} of {len(data)} arrays")
         return data
 
-    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y"
-                  ) -> dict[str, float]:
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
+                  steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
         """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
         from reset states; a stateful trainer's streams are left where they were.
-        ``where``: the targets' name in errors."""
+        ``where``: the targets' name in errors; ``steps``: at most this many batches (a
+        warning if the data gives fewer); ``sample_weight``: per sequence or per sequence
+        and step (arrays only, batch-major), weighing the loss as in ``fit``."""
         with self._keeping_streams():
-            return self._evaluate_from_reset(data, batch_size, hooks, where)
+            return self._evaluate_from_reset(data, batch_size, hooks, where, steps, sample_weight)
 
     @contextlib.contextmanager
     def _keeping_streams(self):
@@ -178,18 +187,21 @@ class Evaluation:
             for path, state in self._model.states(brainstate.HiddenState).items():
                 state.value = saved[path]
 
-    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y"
-                             ) -> dict[str, float]:
+    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
+                             steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
         if isinstance(data, Arrays):
-            source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask), False
+            source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask,
+                                         sample_weight=sample_weight), False
         else:
             source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
         if self._eval_compiling is not None:  # fit's compilation ahead: its result is JAX's to reuse
             self._eval_compiling.join()
             self._eval_compiling = None
+        if steps is not None:  # no batch more is read: an iterator goes on where this stopped
+            source = itertools.islice(source, steps)
         totals: dict[str, float] = {}
-        count = 0
+        count = ran = 0
         hooks.on_test_begin({})
         for step, batch in enumerate(source):
             hooks.on_test_batch_begin(step, {})
@@ -209,12 +221,21 @@ class Evaluation:
             elif not isinstance(data, Arrays):
                 check_finite(np.asarray(xs), f"x of batch {step}")
                 self._check_targets(ys, f"y of batch {step}")
-            result = self._eval_program()(*self._on_mesh(xs, ys, weight), False)
+            if batch.sample_weight is None:
+                result = self._eval_program()(*self._on_mesh(xs, ys, weight), False)
+            else:
+                weighted = loss_weight(batch, ys, weight, None, time_major)
+                placed = self._on_mesh(xs, ys, weighted, weight)
+                result = self._eval_program()(*placed[:3], False, placed[3])
             logs = {key: float(value) for key, value in result.items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
+            ran = step + 1
             hooks.on_test_batch_end(step, logs)
+        if steps is not None and ran < steps:
+            warnings.warn(f"steps={steps}, but the data gave {ran} batch{'es' * (ran != 1)}: the evaluation "
+                          f"averages over those", UserWarning, stacklevel=3)
         result = {key: value / count for key, value in totals.items()}
         hooks.on_test_end(result)
         return result
@@ -229,28 +250,43 @@ class Evaluation:
         self._push()
         carry = self.stateful and self._stream is not None and self._continue_stream(xs.shape[1])
         with self._keeping_streams():
-            logs = self._eval_program()(xs, ys, weighted, carry)
+            logs = self._eval_program()(xs, ys, weighted, carry, None if weighted is weight else weight)
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
         return keras_result(logs, return_dict)
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int | None = 32, verbose: int | str = "auto",
-                 callbacks: Sequence[Any] | None = None, mask: Any = None, return_dict: bool = True) -> Any:
+                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
+                 mask: Any = None, return_dict: bool = True) -> Any:
         """``{"loss": ..., <metric>: ...}`` averaged over the data (loss placed as in
         training). ``x`` as in :meth:`fit`: arrays (with ``y``, and ``mask`` with
-        ``loss_on="mask"``) or an iterable of batches. ``return_dict=False``: Keras'
-        form, the loss alone or ``[loss, *metrics]`` (in :attr:`metrics_names` order);
-        the dict is the default here. ``batch_size=None`` is Keras' 32."""
+        ``loss_on="mask"``) or an iterable of batches. The arguments are Keras', in its
+        order: ``sample_weight`` (arrays: ``(N,)`` or ``(N, T)``) weighs the loss as in
+        ``fit`` (metrics are not weighted); ``steps`` stops after that many batches (an
+        endless iterator needs it; a warning if the data gives fewer);
+        ``return_dict=False``: the loss alone or ``[loss, *metrics]`` (in
+        :attr:`metrics_names` order); the dict is the default here. ``batch_size=None``
+        is Keras' 32."""
         check_verbose(verbose)
+        _check_moved("evaluate", sample_weight=sample_weight, steps=steps)
         batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
+        if steps is not None:
+            check_count(steps, "steps")
+        is_array = hasattr(x, "shape")
+        if (sample_weight is not None or mask is not None) and not is_array:
+            raise ConfigError("sample_weight and mask apply to array data (x, y); an iterable gives (x, y, mask) "
+                              "batches")
+        if sample_weight is not None:
+            check_weights(sample_weight, x)
+            if self.time_major:  # (T, N) per step, as fit takes it
+                _, _, sample_weight = batch_major(x, None, sample_weight)
         if mask is not None:
-            if not hasattr(x, "shape"):
-                raise ConfigError("mask applies to array data (x, y); an iterable gives (x, y, mask) batches")
             data = self._as_data((x, y, mask), "x")
             check_mask(data.mask, data.x)
         else:
             data = self._as_data(x, "x", y)
-        result = self._evaluate(data, batch_size, CallbackList(callbacks, model=self))
+        result = self._evaluate(data, batch_size, CallbackList(callbacks, model=self), steps=steps,
+                                sample_weight=sample_weight)
         names = [name for name in self.metrics_names if name in result]  # the loss, then the metrics in order
         return keras_result({**{name: result[name] for name in names}, **result}, return_dict)
 
@@ -264,29 +300,79 @@ class Evaluation:
         """Keras' ``predict_on_batch``: :meth:`predict` on ``x`` as one batch."""
         return self.predict(x, batch_size=max(1, len(x)), verbose=0)
 
-    def predict(self, x: Any, batch_size: int | None = 32, verbose: int | str = "auto",
+    def predict(self, x: Any, batch_size: int | None = 32, verbose: int | str = "auto", steps: int | None = None,
                 callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
-        """Outputs for array data: ``(N, ...)`` at the last step, or every step
-        (``last_only=False``: batch-major ``(N, T, ...)``, time-major if the trainer is).
-        A stateful trainer predicts from its streams' current states and moves them on
-        (step-by-step prediction: call it with one step at a time); the eligibility
-        traces follow training only, so call :meth:`reset_states` before training on
-        a stream you predicted on."""
+        """Outputs: ``(N, ...)`` at the last step, or every step (``last_only=False``:
+        batch-major ``(N, T, ...)``, time-major if the trainer is). ``x``: an array cut
+        into batches of ``batch_size``, or, as in Keras, an iterable of batches (each
+        an ``x`` array or a tuple whose first item is ``x``, as ``fit`` reads them;
+        ``y`` is ignored); ``steps`` stops after that many batches (an endless iterator
+        needs it; a warning if the data gives fewer). A stateful trainer predicts from
+        its streams' current states and moves them on (step-by-step prediction: call it
+        with one step at a time); the eligibility traces follow training only, so call
+        :meth:`reset_states` before training on a stream you predicted on."""
         check_verbose(verbose)
+        _check_moved("predict", steps=steps)
         batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
-        if not hasattr(x, "shape"):
-            raise ConfigError(f"predict takes an array x, got {type(x).__name__}")
-        data = self._as_data(x, "x", targets=False)
-        check_finite(data.x)
+        if steps is not None:
+            check_count(steps, "steps")
+        if hasattr(x, "shape"):
+            data = self._as_data(x, "x", targets=False)
+            check_finite(data.x)
+            source, time_major = batches(data.x, None, batch_size=batch_size, shuffle=False), False
+        elif isinstance(x, (str, bytes, dict)) or not hasattr(x, "__iter__"):
+            raise ConfigError(f"predict takes an array x or an iterable of batches, got {type(x).__name__}")
+        else:
+            source, time_major = (_predict_batch(item, step) for step, item in enumerate(x)), self.time_major
         hooks = CallbackList(callbacks, model=self)
         hooks.on_predict_begin({})
-        outputs = []
-        for step, batch in enumerate(batches(data.x, None, batch_size=batch_size, shuffle=False)):
+        outputs, ran, length = [], 0, None
+        if steps is not None:  # no batch more is read
+            source = itertools.islice(source, steps)
+        for step, batch in enumerate(source):
             hooks.on_predict_batch_begin(step, {})
-            xs, _, _ = placement(batch, "last", False)  # no loss here: any placement reads x alike
+            if not hasattr(x, "shape"):  # an array was checked whole
+                check_finite(np.asarray(batch.x), f"x of batch {step}")
+            xs, _, _ = placement(batch, "last", time_major)  # no loss here: any placement reads x alike
+            length = xs.shape[0] if length is None else length
+            if not last_only and xs.shape[0] != length:
+                raise ShapeError(f"predict(last_only=False): batch {step} has {xs.shape[0]} steps, the first had "
+                                 f"{length}; the outputs of every step stack only for one length (last_only=True "
+                                 f"takes any)")
             out = self._fetch(self._outputs(*self._on_mesh(xs), carry=self.stateful))
             outputs.append(out[-1] if last_only else (out if self.time_major else np.swapaxes(out, 0, 1)))
+            ran = step + 1
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
         hooks.on_predict_end({})
+        if steps is not None and ran < steps:
+            warnings.warn(f"steps={steps}, but the data gave {ran} batch{'es' * (ran != 1)}", UserWarning,
+                          stacklevel=2)
+        if not outputs:
+            raise ShapeError("predict: the data gave no batches")
         return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)
+
+
+def _predict_batch(item: Any, position: int) -> Batch:
+    """One item of an iterable given to ``predict``: an ``x`` array, or a tuple / list /
+    :class:`Batch` whose first item is ``x`` (the rest, targets and weights, is not
+    read)."""
+    if isinstance(item, Batch):
+        return Batch(item.x)
+    if hasattr(item, "shape"):
+        return Batch(item)
+    if isinstance(item, (tuple, list)) and item and hasattr(item[0], "shape"):
+        return Batch(item[0])
+    raise ShapeError(f"predict: batch {position} must be an x array or a tuple (x, ...), got {type(item).__name__}")
+
+
+def _check_moved(method: str, **arguments: Any) -> None:
+    """A ``ConfigError`` when callbacks come where Keras' order puts ``sample_weight`` or
+    ``steps`` (before 0.4 ``callbacks`` came right after ``verbose``)."""
+    from ..callbacks import Callback
+
+    for name, value in arguments.items():
+        if isinstance(value, Callback) or (isinstance(value, (list, tuple)) and value
+                                           and all(isinstance(c, Callback) for c in value)):
+            raise ConfigError(f"{method}: {name} got callbacks; the arguments follow Keras' order now "
+                              f"({', '.join(arguments)} come before callbacks): pass callbacks=[...] by name")

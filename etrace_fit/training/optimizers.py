@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ..errors import ConfigError
@@ -84,6 +85,53 @@ def initial_state(optimizer: optax.GradientTransformation, values: Any) -> Any:
         return jax.jit(optimizer.init)(values)
     except TypeError:  # not traceable (JAX raises TypeErrors): eagerly (its own error, if any, from there)
         return optimizer.init(values)
+
+
+def check_optimizer(optimizer: optax.GradientTransformation, values: Any, given: Any) -> None:
+    """A :class:`ConfigError` before training when ``optimizer``'s ``update`` fails on
+    weights shaped as ``values`` (traced for shapes only: nothing is compiled or run),
+    as ``optax.adam("1e-2")`` does, whose string rate optax takes and the first batch
+    met deep inside the jitted step. An ``init`` that cannot be traced is not probed
+    (it runs eagerly, as optax allows); the update runs traced in training anyway."""
+    shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype), values)
+    try:
+        state = jax.eval_shape(optimizer.init, shapes)
+    except Exception:  # an init that needs concrete values: left to the first batch
+        return
+    try:
+        jax.eval_shape(lambda grads, state, params: optimizer.update(grads, state, params), shapes, state, shapes)
+    except Exception as error:
+        # optax keeps -1 * learning_rate: a rate typed "1e-2" is held as "" ("1e-2" * -1)
+        hint = next((" (a hyperparameter is a string, such as a learning rate typed \"1e-2\": pass a number, "
+                     "e.g. optax.adam(1e-2))" for v in _closure_strings(given) if v == "" or _is_number(v)), "")
+        raise ConfigError(f"optimizer: the optax optimizer fails on the model's weights before training{hint}: "
+                          f"{type(error).__name__}: {error}") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _closure_strings(value: Any, depth: int = 0) -> list[str]:
+    """Strings among the values an optax optimizer's functions close over, through its
+    chained parts (its hyperparameters: a learning rate typed as ``"1e-2"``)."""
+    if isinstance(value, str):
+        return [value]
+    if depth > 16:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [found for item in value for found in _closure_strings(item, depth + 1)]
+    found = []
+    for cell in getattr(value, "__closure__", None) or () if callable(value) else ():
+        try:
+            found += _closure_strings(cell.cell_contents, depth + 1)
+        except ValueError:  # an empty cell
+            continue
+    return found
 
 
 class LearningRate:

@@ -4,6 +4,7 @@ guarantees live in :mod:`etrace_fit.checkpoint`)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import brainstate
@@ -21,7 +22,10 @@ from .optimizers import initial_state
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["Persistence"]
+__all__ = ["Persistence", "WEIGHTS_ONLY"]
+
+#: The manifest's ``content`` of a file :meth:`Persistence.save_weights` wrote.
+WEIGHTS_ONLY = "weights"
 
 
 class Persistence:
@@ -47,11 +51,57 @@ class Persistence:
             return
         checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
 
+    def save_weights(self, path: Any, overwrite: bool = True) -> None:
+        """Keras' ``save_weights``: the model's weights (and its long-term states: dropout
+        keys, running statistics) alone, in the checkpoint format of :meth:`save`
+        (atomic, checksummed, no pickle). :meth:`load_weights` reads it (or a file
+        :meth:`save` wrote); :meth:`restore` and :meth:`Trainer.load` refuse it, having
+        no optimizer state, epoch or history to resume from. ``overwrite=False``: a
+        ``ConfigError`` if ``path`` exists. In a multi-host run only process 0 writes."""
+        path = os.fspath(path)
+        if not overwrite and os.path.exists(path):
+            raise ConfigError(f"save_weights: {path} exists and overwrite=False")
+        state = {"params": {format_path(p): s.value for p, s in self._params().items()},
+                 "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()}}
+        if not is_main_process():
+            return
+        checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(),
+                                    extra={"content": WEIGHTS_ONLY, "config": self.config})
+
+    def load_weights(self, path: Any) -> None:
+        """Keras' ``load_weights``: the weights (and long-term states) from a file
+        :meth:`save_weights` or :meth:`save` wrote; the optimizer state, epoch and
+        history stay as they are. :class:`CheckpointError` (and nothing changed) if the
+        file does not fit the model, naming the weights that differ."""
+        _, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        params = self._saved_params(path, state)
+        long_term = _restored_long_term(path, self._model, state)
+        for path_, param in self._params().items():
+            param.value = params[path_]
+        for held, value in long_term:
+            held.value = value
+        self._model_touched = True
+
+    def _saved_params(self, path: Any, state: dict) -> dict:
+        """``{path: value}`` of this model's weights from a checkpoint's payload (its
+        fingerprint was checked on reading)."""
+        try:
+            return {p: jax.tree.unflatten(jax.tree.structure(s.value),
+                                          [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(p)])])
+                    for p, s in self._params().items()}
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
+                                  ) from error
+
     def restore(self, path: Any) -> dict:
         """Load a checkpoint written by :meth:`save` into this trainer and its model;
         returns the manifest. :class:`CheckpointError` (and nothing changed) if it does
         not fit the model, the optimizer or ``update_every``, naming what differs."""
         manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        if manifest.get("content") == WEIGHTS_ONLY:
+            raise CheckpointError(f"{path} holds weights only (save_weights, ModelCheckpoint(save_weights_only=True)): "
+                                  f"there is no optimizer state, epoch or history to resume; load it with "
+                                  f"trainer.load_weights(path)")
         saved_processes = manifest.get("process_count", 1)
         if saved_processes != jax.process_count():
             raise CheckpointError(
@@ -59,10 +109,8 @@ class Persistence:
                 "each process reads its own share of iterable data, so the resumed epochs would see other "
                 "batches; resume with the same number of processes (the number of devices may differ), or "
                 "load the weights alone with set_weights")
+        params = self._saved_params(path, state)
         try:
-            params = {p: jax.tree.unflatten(jax.tree.structure(s.value),
-                                            [jnp.asarray(leaf) for leaf in jax.tree.leaves(state["params"][format_path(p)])])
-                      for p, s in self._params().items()}
             epoch, epochs = int(manifest["epoch"]), [int(e) for e in manifest["history_epochs"]]
             history = {str(k): [float(x) for x in v] for k, v in dict(manifest["history"]).items()}
             callbacks = dict(manifest.get("callbacks", {}))
@@ -123,6 +171,9 @@ class Persistence:
         (``Trainer.load(path, model, loss=my_loss)``); ``overrides`` replace any saved
         constructor argument."""
         manifest, _ = checkpoint.read_checkpoint(path)
+        if manifest.get("content") == WEIGHTS_ONLY:
+            raise CheckpointError(f"{path} holds weights only (save_weights): build the trainer and call "
+                                  f"trainer.load_weights(path)")
         nullable = ("decay", "update_every", "grad_clip", "memory_budget", "trace_dtype")
         config = {k: v for k, v in dict(manifest.get("config") or {}).items() if v is not None or k in nullable}
         # Code is not data: a callable loss and regularisers must be passed again.

@@ -48,7 +48,7 @@ from .losses import check_batch_targets, check_labels, check_target_shape, get_l
 from .metrics import get_metrics
 from .dashboards import Dashboards
 from .evaluation import Evaluation
-from .optimizers import LearningRate, get_optimizer
+from .optimizers import LearningRate, check_optimizer, get_optimizer
 from .persistence import Persistence
 
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
@@ -217,8 +217,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.memory_budget, self.trace_dtype = memory_budget, trace_dtype
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
-        optimizer = get_optimizer(optimizer)
+        given, optimizer = optimizer, get_optimizer(optimizer)
         self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
+        if not isinstance(given, str) and given is not None:
+            values = {format_path(p): s.value for p, s in model.states(brainstate.ParamState).items()}
+            check_optimizer(self.optimizer, values if update_every is None else jax.tree.leaves(values), given)
         self.learner = None  # compiled on the first training batch (etrace_fit.compile)
         self._pending_learning_rate: float | None = None
         self.stop_training = False
@@ -449,6 +452,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         sample_weight: Any = None,
         initial_epoch: int = 0,
         steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
         validation_freq: int | Sequence[int] = 1,
         drop_remainder: bool = False,
         mask: Any = None,
@@ -474,6 +479,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         - ``initial_epoch``: the epoch to start at (to continue a run);
           ``validation_freq``: validate every ``n`` epochs, or at the listed (1-based)
           epochs.
+        - ``validation_steps``: validate on that many batches of ``validation_data``
+          (an endless iterator needs it; it is read on where the last validation
+          stopped); ``validation_batch_size``: the batch size of validation arrays
+          (default ``batch_size``).
 
         Logs per epoch: ``loss``, each metric, and with validation data ``val_loss`` and
         ``val_<metric>``. Bad data (empty, x and y of different lengths, NaN / inf,
@@ -494,6 +503,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         check_count(batch_size, "batch_size")
         if steps_per_epoch is not None:
             check_count(steps_per_epoch, "steps_per_epoch")
+        if validation_steps is not None:
+            check_count(validation_steps, "validation_steps")
+        validation_batch_size = batch_size if validation_batch_size is None else validation_batch_size
+        check_count(validation_batch_size, "validation_batch_size")
         if validation_split and validation_data is not None:
             raise ConfigError("give validation_data or validation_split, not both")
         self._local_batches = isinstance(x, ProcessLocal)  # each process feeds its share of every batch
@@ -542,9 +555,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.sample_input = self.sample_inputs = self.sample_label = None
         self.batch_size = batch_size
         validations = sum(map(validates, range(initial_epoch, epochs)))
-        if validation is not None and not isinstance(validation, Arrays) and read_once(validation) and validations > 1:
+        if (validation is not None and not isinstance(validation, Arrays) and read_once(validation)
+                and validations > 1 and validation_steps is None):
             raise ConfigError(f"validation_data is an iterator (a generator, say): it is read once, but this fit "
-                              f"validates {validations} times; pass a list of batches or arrays (x_val, y_val)")
+                              f"validates {validations} times; pass a list of batches or arrays (x_val, y_val), "
+                              f"or give validation_steps to read an endless iterator in pieces")
         if isinstance(validation, Arrays):
             check_finite(validation.x, "validation x")
             if validation.mask is not None:
@@ -595,7 +610,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._warn_spiking_readout()
         try:
             self._fit_epochs(x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
-                             steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask)
+                             steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
+                             (validation_steps, validation_batch_size))
         finally:
             self._push()  # the model holds every finished batch's update, also after an error
         hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
@@ -620,7 +636,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 raise ConfigError(f"{error}; or choose batch_size so that it divides {size}") from None
 
     def _fit_epochs(self, x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
-                    steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask) -> None:
+                    steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
+                    validation_reading) -> None:
+        validation_steps, validation_batch_size = validation_reading
+        if validation is not None and not isinstance(validation, Arrays) and read_once(validation):
+            validation = iter(validation)  # read on across validations (validation_steps)
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
             initial_epoch = max(initial_epoch, self.resume_epoch)
@@ -631,6 +651,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
                            drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
+            if steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
+                data = itertools.islice(data, steps_per_epoch)
             try:
                 data = _first_batch_ahead(data)
             except NoBatches:
@@ -642,8 +664,6 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                               RuntimeWarning, stacklevel=3)
                 break
             for step, batch in enumerate(data):
-                if steps_per_epoch is not None and step >= steps_per_epoch:
-                    break
                 time_major = self.time_major and not is_array
                 xs, ys, weight = self._time_major(batch, time_major)
                 weighted = loss_weight(batch, ys, weight, weights_by_class, time_major)
@@ -663,7 +683,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                                where="validation y")
                         self._check_targets(validation.y, "validation y")
                         if len(validation.x) and any(map(validates, range(epoch, epochs))):
-                            self._compile_evaluation_ahead(validation, batch_size)
+                            self._compile_evaluation_ahead(validation, validation_batch_size)
                 elif not is_array:  # an iterable's batches are checked as they come, before their step
                     self._check_targets(ys, f"y of batch {step}")
                     if self.sample_input is None:
@@ -680,7 +700,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             if self.learning_rate is not None:
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation is not None and validates(epoch):
-                validated = self._evaluate(validation, batch_size, hooks, "validation y")
+                validated = self._evaluate(validation, validation_batch_size, hooks, "validation y",
+                                           steps=validation_steps)
                 epoch_logs.update({f"val_{k}": v for k, v in validated.items()})
             self.history.append(epoch, epoch_logs)  # the keys callbacks add join it after them
             self.epoch = epoch

@@ -213,3 +213,39 @@ def test_bad_arguments_fail_in_the_constructor_and_legacy_tags_warn(tmp_path):
     tags = {tag for tag, _, _ in _values(tmp_path / "train")}
     assert {"epoch/val_loss", "weights/layers.0.weight/weight", "weights/Linear_0/kernel"} <= tags
     json.dumps(sorted(tags))
+
+
+def test_keras_arguments_write_graph_images_steps_per_second_and_a_profile(tmp_path):
+    x, y = _data(16)
+    ef.Trainer(_model()).fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[TensorBoard(
+        tmp_path / "on", write_images=True, write_steps_per_second=True, update_freq=2, profile_batch=(2, 3))])
+    values = _values(tmp_path / "on" / "train")
+    tags = {tag for tag, _, _ in values}
+    assert {"weight_images/Linear_0/kernel", "weight_images/LeakyRateReadout_2/kernel", "epoch/steps_per_second",
+            "batch/steps_per_second", "model_summary/text_summary", "compile_report/text_summary"} <= tags
+    image = next(v.image for tag, _, v in values if tag == "weight_images/Linear_0/kernel")
+    assert (image.height, image.width) == (C, H)
+    steps = _scalars(tmp_path / "on" / "train")
+    assert sorted(steps["batch/steps_per_second"]) == [2, 4, 6, 8] and steps["epoch/steps_per_second"][0] > 0
+    profiles = list((tmp_path / "on" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(profiles) == 1 and profiles[0].stat().st_size > 0
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[TensorBoard(
+        tmp_path / "off", write_graph=False)])
+    tags = {tag for tag, _, _ in _values(tmp_path / "off" / "train")}
+    assert "epoch/loss" in tags and not {t for t in tags if "summary" in t or "images" in t or "steps_per" in t}
+    assert not (tmp_path / "off" / "train" / "plugins").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(embeddings_freq=1), r"embeddings_freq=1, embeddings_metadata=None: Keras' embedding projector is not "),
+    (dict(embeddings_metadata={"emb": "m.tsv"}), r"Keras' embedding projector is not written here"),
+    (dict(profile_batch=-1), r"profile_batch must be a batch number >= 0 \(0: no profile\) or a range \(start, "
+                             r"stop\) with 0 < start <= stop, got -1"),
+    (dict(profile_batch=(5, 2)), r"profile_batch must be .*got \(5, 2\)"),
+    (dict(write_graph="yes"), r"write_graph must be True or False, got 'yes'"),
+])
+def test_keras_arguments_that_are_not_written_here_fail_in_the_constructor(tmp_path, kwargs, message):
+    with pytest.raises(ef.ConfigError, match=message):
+        TensorBoard(tmp_path, **kwargs)
+    with pytest.raises(TypeError, match="positional"):
+        TensorBoard(tmp_path, 1)  # Keras reads it as histogram_freq, this callback's order as update_freq

@@ -400,3 +400,32 @@ def test_a_hidden_state_no_reset_state_writes_is_named_before_anything_runs():
 
     trainer = ef.Trainer(ef.Sequential(ef.layers.Linear(C, 8), Reset(8), ef.layers.LeakyRateReadout(8, 2)))
     np.testing.assert_array_equal(trainer.predict(x, verbose=0), trainer.predict(x, verbose=0))
+
+
+# ------------------------------------------------------------------ the optimizer
+@pytest.mark.parametrize("optimizer", [optax.adam("1e-2"), optax.sgd("0.1"),
+                                       optax.chain(optax.clip(1.0), optax.adam("1e-3"))])
+def test_an_optax_optimizer_that_fails_on_the_weights_is_named_in_the_constructor(optimizer):
+    """optax takes a learning rate typed as a string; the first batch failed deep in the
+    jitted step with "Only integer scalar arrays can be converted to a scalar index"."""
+    with pytest.raises(ConfigError, match=r"optimizer: the optax optimizer fails on the model's weights before "
+                                          r"training \(a hyperparameter is a string, such as a learning rate typed "
+                                          r"\"1e-2\": pass a number"):
+        ef.Trainer(_model(), optimizer=optimizer)
+    with pytest.raises(ConfigError, match="the optax optimizer fails on the model's weights"):
+        ef.Trainer(_model(), optimizer=optimizer, update_every=4)
+
+
+def test_an_optimizer_whose_init_needs_concrete_values_is_still_taken():
+    """An init with Python control flow on the values cannot be traced; optax allows it,
+    so it is not probed, and it runs eagerly at the first batch."""
+    adam = optax.adam(1e-2)
+
+    def init(params):
+        if float(sum(jnp.sum(jnp.abs(p)) for p in jax.tree.leaves(params))) < 0:  # concrete values only
+            raise AssertionError
+        return adam.init(params)
+
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer=optax.GradientTransformation(init, adam.update))
+    assert np.isfinite(trainer.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"][0])

@@ -1,0 +1,119 @@
+"""Keras' ``save_weights`` / ``load_weights`` and ModelCheckpoint's ``save_weights_only``,
+``save_freq`` and ``initial_value_threshold``."""
+
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import etrace_fit as ef
+from etrace_fit import layers as L
+from etrace_fit.callbacks import ModelCheckpoint
+from etrace_fit.datasets import rate_discrimination
+from etrace_fit.errors import CheckpointError, ConfigError
+
+C, H, T = 4, 8, 12
+
+
+def _model(hidden=H, seed=0):
+    rng = np.random.default_rng(seed)
+    return ef.Sequential(L.Linear(C, hidden, w_init=rng.normal(0, 1.5, (C, hidden)).astype(np.float32)), L.LIF(hidden),
+                         L.LeakyRateReadout(hidden, 2, w_init=rng.normal(0, 0.3, (hidden, 2)).astype(np.float32)))
+
+
+def _data(n=16):
+    return rate_discrimination(n, seq_len=T, num_channels=C, low_rate=0.05, high_rate=0.4, seed=0)
+
+
+def _weights(trainer):
+    return jax.tree.map(np.asarray, trainer.get_weights())
+
+
+def _equal(a, b):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_save_weights_and_load_weights_move_the_weights_alone(tmp_path):
+    x, y = _data()
+    trained = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    trained.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    trained.save_weights(tmp_path / "w.ckpt")
+    other = ef.Trainer(_model(seed=1), optimizer=optax.adam(1e-2))
+    other.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    opt_state, history = jax.tree.map(np.asarray, other.opt_state), dict(other.history.history)
+    other.load_weights(tmp_path / "w.ckpt")
+    _equal(_weights(other), _weights(trained))
+    _equal(jax.tree.map(np.asarray, other.opt_state), opt_state)  # the optimizer state and history stay
+    assert other.history.history == history and other.epoch == 0
+    np.testing.assert_array_equal(other.predict(x, verbose=0), trained.predict(x, verbose=0))
+    trained.save(tmp_path / "full.ckpt")  # a whole checkpoint's weights load too
+    fresh = ef.Trainer(_model(seed=2))
+    fresh.load_weights(tmp_path / "full.ckpt")
+    _equal(_weights(fresh), _weights(trained))
+    assert os.path.getsize(tmp_path / "w.ckpt") < os.path.getsize(tmp_path / "full.ckpt")  # no adam moments
+
+
+def test_a_weights_file_is_refused_where_a_run_is_resumed_and_by_another_model(tmp_path):
+    trainer = ef.Trainer(_model())
+    trainer.save_weights(tmp_path / "w.ckpt")
+    with pytest.raises(CheckpointError, match=r"w.ckpt holds weights only .*load it with trainer.load_weights"):
+        ef.Trainer(_model()).restore(tmp_path / "w.ckpt")
+    with pytest.raises(CheckpointError, match=r"w.ckpt holds weights only \(save_weights\)"):
+        ef.Trainer.load(tmp_path / "w.ckpt", _model())
+    smaller = ef.Trainer(_model(hidden=5))
+    before = _weights(smaller)
+    with pytest.raises(CheckpointError, match=r"layers\.0\.weight: checkpoint .*\[4, 8\].*model .*\[4, 5\]"):
+        smaller.load_weights(tmp_path / "w.ckpt")
+    _equal(_weights(smaller), before)  # nothing changed
+    with pytest.raises(ConfigError, match="save_weights: .*w.ckpt exists and overwrite=False"):
+        trainer.save_weights(tmp_path / "w.ckpt", overwrite=False)
+
+
+def test_model_checkpoint_save_weights_only_writes_weight_files(tmp_path):
+    x, y = _data()
+    trainer = ef.Trainer(_model())
+    path = str(tmp_path / "w-{epoch}.ckpt")
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[ModelCheckpoint(path, save_weights_only=True)])
+    assert sorted(os.listdir(tmp_path)) == ["w-1.ckpt", "w-2.ckpt"]
+    loaded = ef.Trainer(_model(seed=3))
+    loaded.load_weights(tmp_path / "w-2.ckpt")
+    _equal(_weights(loaded), _weights(trainer))
+    with pytest.raises(CheckpointError, match="holds weights only"):
+        ef.Trainer(_model()).restore(tmp_path / "w-2.ckpt")
+
+
+def test_model_checkpoint_save_freq_saves_every_n_batches_across_epochs(tmp_path, capsys):
+    x, y = _data(24)  # 3 batches of 8 an epoch
+    trainer = ef.Trainer(_model())
+    path = str(tmp_path / "b-{epoch}-{batch}-{loss:.2f}.ckpt")
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+                callbacks=[ModelCheckpoint(path, save_freq=2, verbose=1, monitor="loss")])
+    names = sorted(os.listdir(tmp_path), key=lambda n: (int(n.split("-")[1]), int(n.split("-")[2])))
+    assert [n.split("-")[1:3] for n in names] == [["1", "2"], ["2", "1"], ["2", "3"]]  # batches 2, 4, 6
+    assert "Epoch 2, batch 3: saving model to" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"monitor 'val_loss' is a validation value, but save_freq=2 saves after "
+                                          r"batches"):
+        trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=(x, y),
+                    callbacks=[ModelCheckpoint(str(tmp_path / "v.ckpt"), save_freq=2, save_best_only=True)])
+
+
+def test_model_checkpoint_initial_value_threshold_and_its_arguments(tmp_path):
+    x, y = _data()
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[
+        ModelCheckpoint(str(tmp_path / "best.ckpt"), monitor="loss", save_best_only=True, initial_value_threshold=0.0)])
+    assert not os.path.exists(tmp_path / "best.ckpt")  # no loss beats 0
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
+        ModelCheckpoint(str(tmp_path / "best.ckpt"), monitor="loss", save_best_only=True, initial_value_threshold=1e9)])
+    assert os.path.exists(tmp_path / "best.ckpt")
+    for kwargs, message in (
+            (dict(save_weights_only="min"), r"save_weights_only must be True or False, got 'min' \(mode comes after"),
+            (dict(save_freq=0), r"save_freq must be 'epoch' or a positive int \(batches between saves\), got 0"),
+            (dict(save_freq="batch"), r"save_freq must be 'epoch' or a positive int"),
+            (dict(initial_value_threshold="low"), r"initial_value_threshold must be a number, got 'low'")):
+        with pytest.raises(ConfigError, match=message):
+            ModelCheckpoint("ckpt", **kwargs)
+    with pytest.raises(ConfigError, match=r"save_weights_only must be True or False, got 'max' \(mode comes after"):
+        ModelCheckpoint("ckpt", "val_loss", 0, True, "max")  # Keras 2 users' positional mode
