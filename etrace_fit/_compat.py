@@ -35,8 +35,12 @@ __all__ = [
     "ClosedJaxpr",
     "DropVar",
     "control_flow_operands",
+    "custom_vjp_as_jvp",
+    "custom_vjp_jaxpr",
+    "custom_vjp_name",
     "eval_equation",
     "interpret",
+    "is_custom_vjp_call",
     "is_nested_jit",
     "jaxprs_in_params",
     "live_equations",
@@ -196,6 +200,54 @@ def eval_equation(eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
     with eqn.ctx.manager:
         out = eqn.primitive.bind(*invals, **bind_params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
+    """Whether ``eqn`` calls a ``jax.custom_vjp`` function."""
+    return eqn.primitive.name == "custom_vjp_call"
+
+
+def custom_vjp_name(eqn: JaxprEqn) -> str:
+    """The name and place of the function a ``custom_vjp`` call wraps (``"spike at
+    neurons.py:12"``), as JAX's debug info has it."""
+    info = getattr(eqn.params["call_jaxpr"].jaxpr, "debug_info", None)
+    return getattr(info, "func_src_info", None) or "a custom_vjp function"
+
+
+def custom_vjp_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
+    """The primal computation a ``custom_vjp`` call wraps (its forward pass)."""
+    return eqn.params["call_jaxpr"]
+
+
+def custom_vjp_as_jvp(eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    """``eqn``, a ``custom_vjp`` call, evaluated as a ``jax.custom_jvp`` function whose
+    tangent comes from the function's own VJP (its ``bwd``), so forward mode works too:
+    JAX gives none for a ``custom_vjp`` function. Exact for an elementwise function of
+    same-shaped float inputs (a surrogate spike): its Jacobian is diagonal, and the
+    pullback of ones on output ``j`` is the diagonal of ``∂out_j / ∂in_i`` for every
+    input ``i``; the caller checks that (``compiler.module_info``)."""
+
+    def primal(*args):
+        return eval_equation(eqn, list(args))
+
+    @jax.custom_jvp
+    def call(*args):
+        return primal(*args)
+
+    @call.defjvp
+    def rule(primals, tangents):
+        outs, pullback = jax.vjp(primal, *primals)
+        tangent_outs = []
+        for j, out in enumerate(outs):
+            seeds = [jax.numpy.ones_like(o) if k == j else jax.numpy.zeros_like(o) for k, o in enumerate(outs)]
+            total = jax.numpy.zeros_like(out)
+            for diagonal, tangent in zip(pullback(seeds), tangents):
+                if diagonal.dtype != jax.dtypes.float0 and tangent.dtype != jax.dtypes.float0:
+                    total = total + diagonal * tangent
+            tangent_outs.append(total)
+        return outs, tangent_outs
+
+    return list(call(*invals))
 
 
 def interpret(
@@ -364,7 +416,8 @@ _ELEMENTWISE = frozenset({
     "rem", "reshape", "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt", "square", "squeeze", "stop_gradient",
     "sub", "tan", "tanh", "transpose", "xor",
 })
-_CALLS = {"custom_jvp_call": "call_jaxpr", **{name: "jaxpr" for name in _NESTED_JIT}}
+_CALLS = {"custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
+          **{name: "jaxpr" for name in _NESTED_JIT}}
 
 
 def _elementwise(eqn: JaxprEqn) -> bool:

@@ -33,13 +33,15 @@ def is_boundary(eqn: Any) -> bool:
 
 
 def is_elementwise(eqn: Any) -> bool:
-    """Whether ``eqn`` acts on each unit on its own (a custom_jvp function: if everything
-    inside it does)."""
+    """Whether ``eqn`` acts on each unit on its own (a custom_jvp or custom_vjp function:
+    if everything inside it does)."""
     info = etp_op_info(eqn.primitive)
     if info is not None:
         return info.transparent
     if eqn.primitive.name == "custom_jvp_call":
         return all(is_elementwise(inner) for inner in eqn.params["call_jaxpr"].jaxpr.eqns)
+    if _compat.is_custom_vjp_call(eqn):  # its forward pass; its bwd is checked by module_info
+        return all(is_elementwise(inner) for inner in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns)
     if _compat.is_nested_jit(eqn):
         return all(is_elementwise(inner) for inner in _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)
     return eqn.primitive.name in _ELEMENTWISE

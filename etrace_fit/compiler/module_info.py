@@ -20,6 +20,7 @@ import saiunit as u
 from .. import _compat
 from ..errors import CompilationError
 from ..ops import is_etp_primitive
+from ._dataflow import is_elementwise
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 
 __all__ = ["ModuleInfo", "StateInfo", "module_info"]
@@ -130,12 +131,17 @@ def _leaf_names(value: Any) -> tuple[str, ...]:
 
 
 def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
-    """The same computation with nested ``jit`` calls inlined; names of the ETP
-    primitives that were inside them."""
+    """The same computation with nested ``jit`` calls inlined, and each ``custom_vjp``
+    function (a surrogate spike written as PyTorch users write theirs) made one that
+    forward mode goes through (:func:`_compat.custom_vjp_as_jvp`); names of the ETP
+    primitives that were inside nested jits."""
     inlined: list[str] = []
 
     def visit(jaxpr, consts, args):
         def override(index, eqn, invals):
+            if _compat.is_custom_vjp_call(eqn):
+                _check_custom_vjp(eqn, invals)
+                return _compat.custom_vjp_as_jvp(eqn, invals)
             if not _compat.is_nested_jit(eqn):
                 return None
             inner = _compat.nested_jit_jaxpr(eqn)
@@ -144,13 +150,46 @@ def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
 
         return _compat.interpret(jaxpr, consts, args, override=override)
 
-    if not any(_compat.is_nested_jit(eqn) for eqn in closed.jaxpr.eqns):
+    def rewritten(eqn):
+        return _compat.is_custom_vjp_call(eqn) or (_compat.is_nested_jit(eqn) and any(
+            map(rewritten, _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)))
+
+    if not any(_compat.is_nested_jit(eqn) or rewritten(eqn) for eqn in closed.jaxpr.eqns):
         return closed, []
     avals = [var.aval for var in closed.jaxpr.invars]
     flat = jax.make_jaxpr(lambda *args: visit(closed.jaxpr, list(closed.consts), list(args)))(
         *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     )
     return flat, inlined
+
+
+def _check_custom_vjp(eqn: Any, invals: list) -> None:
+    """A ``CompilationError`` unless the ``custom_vjp`` call ``eqn`` is elementwise —
+    its forward pass and its backward pass, over float inputs of its outputs' shape —
+    which is when its VJP gives its forward-mode derivative exactly."""
+    name = _compat.custom_vjp_name(eqn)
+    outs = [v.aval for v in eqn.outvars]
+    floats = [v for v in invals if jnp.issubdtype(jnp.result_type(v), jnp.inexact)]
+    problem = None
+    if not all(jnp.issubdtype(a.dtype, jnp.inexact) and a.shape == outs[0].shape for a in outs):
+        problem = f"its outputs are {', '.join(f'{a.dtype}{list(a.shape)}' for a in outs)}, not float arrays of one shape"
+    elif any(jnp.shape(v) != outs[0].shape for v in floats):
+        shapes = ", ".join(str(list(jnp.shape(v))) for v in floats)
+        problem = (f"its float inputs have shapes {shapes} and its output {list(outs[0].shape)}: a broadcast "
+                   f"input's derivative is summed in its VJP")
+    elif not all(is_elementwise(e) for e in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns):
+        problem = "its forward pass mixes entries (it is not elementwise)"
+    else:
+        backward = jax.make_jaxpr(lambda *args: jax.vjp(lambda *a: _compat.eval_equation(eqn, list(a)), *args)[1](
+            [jnp.ones(a.shape, a.dtype) for a in outs]))(*invals)
+        if not all(is_elementwise(e) for e in backward.jaxpr.eqns):
+            problem = "its bwd mixes entries (it is not elementwise)"
+    if problem:
+        raise CompilationError(
+            f"the step calls the jax.custom_vjp function {name}, and {problem}. The online rules need forward-mode "
+            f"derivatives, which JAX does not give for a custom_vjp function; an elementwise one (a surrogate spike "
+            f"of the membrane) is taken as is. Write this one with jax.custom_jvp, or use an ef.layers.Surrogate "
+            f"(docs/neurons.md)")
 
 
 def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> ModuleInfo:
@@ -229,6 +268,15 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> Module
                 ))
         else:
             kind = OTHER
+            if is_written and _plain_memory(state, in_vars, out_vars, jaxpr):
+                raise CompilationError(
+                    f"{type(state).__name__} {format_path(path)} is carried from step to step (the step writes it "
+                    f"from its previous value), but it is not a brainstate.HiddenState: the online rules follow "
+                    f"hidden states only, so its memory would get no gradient through time, silently. Declare it "
+                    f"as brainstate.HiddenState (memory within a sequence, reset by reset_state; "
+                    f"ef.layers.Neuron's self.hidden(...) does this), or as brainstate.LongTermState if it is "
+                    f"carried across batches without a gradient (running statistics)"
+                )
             if isinstance(state, brainstate.HiddenState):
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.STATE_MISMATCH,
@@ -254,6 +302,32 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> Module
         closed_jaxpr=closed, input_vars=input_vars, input_treedef=input_treedef, output_vars=output_vars,
         output_treedef=output_treedef, states=tuple(states), diagnostics=tuple(diagnostics),
     )
+
+
+def _plain_memory(state: Any, in_vars: Sequence, out_vars: Sequence, jaxpr: Any) -> bool:
+    """Whether ``state`` (written by the step, neither a hidden state nor a weight) is
+    memory the online rules would miss: a floating-point ``brainstate.State`` or
+    ``ShortTermState`` (not long-term: running statistics; not a random key) whose new
+    value depends on its previous one and on something with a gradient (the inputs, a
+    weight, another state). A step counter depends on itself alone and is no such
+    memory. Dependence is followed through every equation (an equation's outputs
+    depend on all its inputs: conservative inside nested ones)."""
+    if isinstance(state, (brainstate.LongTermState, brainstate.HiddenState, brainstate.random.RandomState)):
+        return False
+    if not in_vars or not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in in_vars):
+        return False
+    own = set(in_vars)
+    others = {v for v in jaxpr.invars if v not in own and jnp.issubdtype(v.aval.dtype, jnp.inexact)}
+    return _reaches(own, out_vars, jaxpr) and _reaches(others, out_vars, jaxpr)
+
+
+def _reaches(sources: set, targets: Sequence, jaxpr: Any) -> bool:
+    """Whether any of ``targets`` depends on any of ``sources`` in ``jaxpr``."""
+    reached = set(sources)
+    for eqn in jaxpr.eqns:
+        if any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
+            reached.update(eqn.outvars)
+    return any(not isinstance(v, _compat.Literal) and v in reached for v in targets)
 
 
 def _check_hidden_consistent(path: tuple, old_value: Any, new_shape: Any) -> None:

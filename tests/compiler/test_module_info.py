@@ -230,6 +230,44 @@ def test_a_step_that_writes_a_param_state_is_refused_naming_it(env64):
         ef.compile_graph(model, jnp.ones((B, I)))
 
 
+class PlainMemory(brainstate.nn.Module):
+    """A leaky integrator whose memory is a plain ``brainstate.State`` (or another
+    non-hidden kind): the online rules followed no trace through it and BPTT's gradient
+    differed from theirs, with no word."""
+
+    def __init__(self, kind=brainstate.State):
+        super().__init__()
+        self.kind = kind
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.v = self.kind(jnp.zeros((batch_size, N)))
+
+    def reset_state(self, batch_size=None, **kwargs):
+        self.v.value = jnp.zeros((batch_size, N))
+
+    def update(self, x):
+        self.v.value = 0.8 * self.v.value + x
+        return jnp.tanh(self.v.value)
+
+
+@pytest.mark.parametrize("kind", [brainstate.State, brainstate.ShortTermState])
+def test_a_plain_state_carried_from_step_to_step_is_refused_naming_the_fix(env64, kind):
+    model = L.Sequential(linear(0, I, N), L.LIF(N), PlainMemory(kind), linear(1, N, O))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    with pytest.raises(CompilationError, match=rf"{kind.__name__} layers\.2\.v is carried from step to step .* not a "
+                                               r"brainstate\.HiddenState: .* Declare it as brainstate\.HiddenState"):
+        module_info(model, jnp.ones((B, I)))
+
+
+def test_states_written_without_a_gradient_through_time_stay_allowed(env64):
+    """A long-term state (running statistics) and a counter that depends on itself
+    alone are not memory the rules miss; the ``MixedStates`` counter is one."""
+    model = L.Sequential(linear(0, I, N), L.LIF(N), PlainMemory(brainstate.LongTermState), linear(1, N, O))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    module_info(model, jnp.ones((B, I)))
+    module_info(MixedStates(), jnp.ones((B, I)))
+
+
 def test_a_hidden_state_whose_unit_changes_is_refused_and_restored(env64):
     model = UnitChanging()
     original = model.membrane.value
@@ -331,3 +369,62 @@ def test_a_cut_step_asked_for_some_outputs_runs_only_what_they_read(env64):
     assert any(name.startswith("etp") for name in whole_step)  # the readout's product
     assert not any(name.startswith("etp") or name == "dot_general" for name in only_a), only_a
     assert len(only_a) < len(traced([v_out])) < len(whole_step)
+
+
+def _vjp_neuron(spike):
+    class VjpNeuron(L.Neuron):
+        def __init__(self, n):
+            super().__init__(n)
+            self.hidden("v", init=0.0)
+
+        def update(self, x):
+            v = 0.9 * self.v.value + x
+            z = spike(v)
+            self.v.value = v - z
+            return z
+
+    return VjpNeuron(N)
+
+
+def _custom_vjp(forward, backward):
+    function = jax.custom_vjp(forward)
+    function.defvjp(lambda *args: (function(*args), args), lambda args, g: backward(*args, g))
+    return function
+
+
+@pytest.mark.parametrize("spike, problem", [
+    (_custom_vjp(lambda v: (v - v.mean(axis=-1, keepdims=True) > 0).astype(v.dtype), lambda v, g: (g,)),
+     r"its forward pass mixes entries"),
+    (_custom_vjp(lambda v: (v > 1.0).astype(v.dtype), lambda v, g: (g * jnp.mean(g, axis=-1, keepdims=True),)),
+     r"its bwd mixes entries"),
+    (lambda v: _custom_vjp(lambda v, th: (v > th).astype(v.dtype), lambda v, th, g: (g, -jnp.sum(g)))(v, 1.0),
+     rf"its float inputs have shapes \[{B}, {N}\], \[\] and its output \[{B}, {N}\]: a broadcast input's "
+     r"derivative is summed"),
+])
+def test_a_custom_vjp_function_that_is_not_elementwise_is_refused_naming_it(env64, spike, problem):
+    model = L.Sequential(linear(0, I, N), _vjp_neuron(spike), linear(1, N, O))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    with pytest.raises(CompilationError, match=rf"the step calls the jax.custom_vjp function <lambda> at "
+                                               rf".*test_module_info.py:\d+, and {problem}.* "
+                                               r"Write this one with jax.custom_jvp"):
+        module_info(model, jnp.ones((B, I)))
+
+
+def test_an_elementwise_custom_vjp_spike_goes_through_forward_mode_as_its_own_vjp(env64):
+    """The rewrite's derivative, in forward and in reverse mode, is the user's bwd (the
+    exactness of the online gradients against BPTT: tests/docs/test_neurons.py)."""
+    spike = _custom_vjp(lambda v: (v > 0).astype(v.dtype), lambda v, g: (g / (1.0 + 10.0 * jnp.abs(v)) ** 2,))
+    model = L.Sequential(linear(0, I, N), _vjp_neuron(spike), linear(1, N, O))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    info = module_info(model, jnp.ones((B, I)))
+    assert not any(e.primitive.name == "custom_vjp_call" for e in info.closed_jaxpr.jaxpr.eqns)
+    v = jnp.asarray(rand(3, B, N))
+    tangent = jnp.asarray(rand(4, B, N))
+    expected = tangent / (1.0 + 10.0 * jnp.abs(v)) ** 2
+    from etrace_fit import _compat
+
+    eqn = next(e for e in jax.make_jaxpr(spike)(v).jaxpr.eqns if _compat.is_custom_vjp_call(e))
+    rewritten = lambda x: _compat.custom_vjp_as_jvp(eqn, [x])[0]  # noqa: E731
+    np.testing.assert_allclose(jax.jvp(rewritten, (v,), (tangent,))[1], expected, rtol=1e-12)
+    np.testing.assert_allclose(jax.vjp(rewritten, v)[1](tangent)[0], expected, rtol=1e-12)
+    np.testing.assert_array_equal(rewritten(v), spike(v))

@@ -48,6 +48,7 @@ NEURONS = {
     "izhikevich": (lambda ns: ns["Izhikevich"](N), 4.0, 60.0),
     "refractory": (lambda ns: ns["RefractoryLIF"](N), 0.8, 0.4),
     "learned": (lambda ns: ns["LearnedLIF"](N), 0.8, 0.4),
+    "custom_vjp": (lambda ns: ns["PortedLeaky"](N), 0.8, 0.4),
 }
 
 
