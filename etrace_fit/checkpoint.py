@@ -54,6 +54,12 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any], *, params_f
     from . import __version__
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder: give the checkpoint a file name in it")
+    parent = os.path.dirname(os.path.abspath(path))
+    blocking = next((p for p in _ancestors(parent) if os.path.exists(p) and not os.path.isdir(p)), None)
+    if blocking is not None:
+        raise CheckpointError(f"{path}: {blocking} is a file, so the checkpoint's folder cannot be made there")
     payload = serialization.msgpack_serialize(serialization.to_state_dict(jax.tree.map(np.asarray, state)))
     manifest = json.dumps({"package_version": __version__, "fingerprint": params_fingerprint, **(extra or {})},
                           sort_keys=True, allow_nan=True).encode()
@@ -80,6 +86,14 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any], *, params_f
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _ancestors(folder: str) -> list[str]:
+    """``folder`` and every folder above it."""
+    found = [folder]
+    while os.path.dirname(found[-1]) != found[-1]:
+        found.append(os.path.dirname(found[-1]))
+    return found
 
 
 def remove_temporaries(folder: str | os.PathLike) -> list[str]:

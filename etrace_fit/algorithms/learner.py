@@ -286,12 +286,25 @@ class Learner:
         if graph is self.graph:
             return self.plan
         pairs = traced_pairs(graph)
-        mine = [(p.relation.eqn_index, p.group.paths) for p in self.plan.pairs]
-        if [(p.relation.eqn_index, p.group.paths) for p in pairs] != mine:
+        # Matched by weight and hidden group, not by equation: another input dtype (a float16
+        # or int x after a float32 one) adds a cast equation and moves every index by one.
+        mine = [(p.relation.weight_path, p.group.paths) for p in self.plan.pairs]
+        if [(p.relation.weight_path, p.group.paths) for p in pairs] != mine:
             raise CompilationError("the model's step relates other weights at this input shape than at the one it "
                                    "was compiled with; compile it with an example of this shape")
         pairs = tuple(dataclasses.replace(p, readout_memory=q.readout_memory) for p, q in zip(pairs, self.plan.pairs))
-        return dataclasses.replace(self.plan, graph=graph, pairs=pairs)
+        moved = {}  # the readout's equation (readout memory, e-prop's feedback) in the new step
+        weight_at = {r.eqn_index: r.weight_path for r in self.graph.relations}
+        index_of = {r.weight_path: r.eqn_index for r in graph.relations}
+        for field in ("readout", "feedback"):
+            held = getattr(self.plan, field)
+            if held is not None:
+                index = index_of.get(weight_at.get(held.readout))
+                if index is None:
+                    raise CompilationError("the model's step reads its readout otherwise at this input than at the one "
+                                           "it was compiled with; compile it with an example of this input")
+                moved[field] = dataclasses.replace(held, readout=index)
+        return dataclasses.replace(self.plan, graph=graph, pairs=pairs, **moved)
 
     def init(self, batch_size: int) -> LearnerState:
         """The :class:`LearnerState` a stream of ``batch_size`` sequences starts from:

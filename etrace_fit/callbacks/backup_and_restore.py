@@ -8,7 +8,7 @@ import warnings
 
 from ..checkpoint import read_checkpoint, remove_temporaries
 from ..distributed import barrier, is_main_process
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .base import Callback, writable_folder
 
 __all__ = ["BackupAndRestore"]
@@ -32,6 +32,9 @@ class BackupAndRestore(Callback):
       ``TerminateOnNaN`` resumes from the last finite epoch).
     - Temporary files of a killed write are removed when training starts; the folder
       must be writable, checked before training.
+    - Backups that read back intact but do not fit the trainer (another model,
+      optimizer or ``update_every``: an edited script) are a ``ConfigError`` before
+      training, and stay as they are: training from scratch would rotate them out.
 
     The backups are deleted when ``fit`` returns (all its epochs done, or stopped by
     ``EarlyStopping``: the run is finished, as in Keras) — except after an epoch whose
@@ -79,14 +82,26 @@ class BackupAndRestore(Callback):
             writable_folder(self.backup_dir, "BackupAndRestore")
             remove_temporaries(self.backup_dir)
         barrier("etrace_fit BackupAndRestore begin")
+        refused = []
         for epoch, path, label in self._candidates():
             try:
-                manifest = self.model.restore(path)
+                manifest = self.model._restore(path, note_learning_rate=False)  # the run's own rate
             except CheckpointError as error:  # intact, but not this model's / optimizer's
-                warnings.warn(f"BackupAndRestore: the {label} backup cannot be restored ({error}); trying an older one")
+                refused.append(f"{label} (epoch {epoch + 1}): {error}")
                 continue
+            if refused:
+                warnings.warn(f"BackupAndRestore: resuming from the {label} backup; newer ones do not fit this "
+                              f"trainer: {'; '.join(refused)}")
             self.model.resume_epoch = manifest["epoch"] + 1
             return
+        if refused:  # a run's backups that do not fit this trainer: never trained over, never rotated out
+            older = f" (and {len(refused) - 1} older one(s) alike)" if len(refused) > 1 else ""
+            raise ConfigError(
+                f"BackupAndRestore: the backups in {self.backup_dir} are of a run this trainer cannot continue "
+                f"(another model, optimizer or update_every): {refused[0]}"
+                f"{older}. They are left as they are: "
+                f"resume with the model and optimizer they were written with, or give another backup_dir (or "
+                f"delete that folder) to start afresh")
 
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")

@@ -107,6 +107,15 @@ class ModelCheckpoint(MonitoredCallback):
             self._check_monitor()
         for field in self._fields():
             Monitor("ModelCheckpoint", field).check(self.model, self._others(), what="filepath field")
+        try:  # with numbers where the logs will have them: a bad format spec fails now, not after an epoch
+            sample = self.filepath.format(epoch=1, batch=1, **{field: 0.5 for field in self._fields()})
+        except (ValueError, IndexError, KeyError, AttributeError) as error:
+            raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} cannot be formatted with the epoch (an "
+                              f"int) and the logs (floats): {type(error).__name__}: {error}; e.g. "
+                              f"'ckpt/{{epoch:03d}}-{{val_loss:.3f}}.ckpt'") from None
+        if os.path.isdir(sample):
+            raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} is a folder; give a file path in it, "
+                              f"e.g. {os.path.join(self.filepath, 'epoch-{epoch:03d}.ckpt')!r}")
         folder = writable_folder(self._base_folder(), "ModelCheckpoint")
         remove_temporaries(folder)
 

@@ -14,6 +14,7 @@ import numbers
 import os
 import pathlib
 import tempfile
+import warnings
 import zipfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -247,6 +248,7 @@ def cached(
     stored = _read(path, key_text)
     if stored is not None:
         return stored
+    _check_writable(path.parent)  # before the build: its work would be thrown away
     arrays = {name: np.asarray(value) for name, value in dict(build()).items()}
     for name, value in arrays.items():
         if value.dtype == object or name == "__key__":
@@ -264,6 +266,18 @@ def cached(
     return arrays
 
 
+def _check_writable(folder: pathlib.Path) -> None:
+    """Create ``folder`` and write a file in it, or raise :class:`ConfigError` saying why
+    (a file in its place, no permission)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ConfigError(f"the dataset cache folder {folder} cannot be written ({error.strerror or error}); "
+                          f"pass cache=False, or cache='<a writable folder>'") from None
+
+
 def cache_folder(root: pathlib.Path, cache: bool | str | os.PathLike) -> pathlib.Path | None:
     """The loaders' ``cache`` argument: True → ``root/.etrace_cache``, a path → that
     folder, False → no cache."""
@@ -276,11 +290,19 @@ def cache_folder(root: pathlib.Path, cache: bool | str | os.PathLike) -> pathlib
     raise ConfigError(f"cache must be True, False or a folder path, got {cache!r}")
 
 
-def fingerprint(paths: Iterable[pathlib.Path]) -> list[int]:
-    """``[count, total bytes, newest mtime_ns]`` of the source files: part of a cache
-    key, so a replaced or re-downloaded file is read again."""
+def fingerprint(paths: Iterable[pathlib.Path]) -> list:
+    """``[count, total bytes, newest mtime_ns, digest]`` of the source files: part of a
+    cache key, so a replaced or re-downloaded file is read again. The digest (SHA-256)
+    covers each file's path below the files' common folder, size, mtime and ctime: a
+    file moved to another class folder (N-MNIST's label is its folder) or rewritten at
+    the same size and mtime changes the key; count, bytes and mtime alone missed both."""
+    paths = [pathlib.Path(p) for p in paths]
     stats = [p.stat() for p in paths]
-    return [len(stats), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)]
+    base = os.path.commonpath([str(p.parent) for p in paths]) if paths else ""
+    lines = sorted(f"{os.path.relpath(p, base)}\t{s.st_size}\t{s.st_mtime_ns}\t{s.st_ctime_ns}"
+                   for p, s in zip(paths, stats))
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return [len(stats), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0), digest]
 
 
 def load_binned(
@@ -292,6 +314,13 @@ def load_binned(
 ) -> dict[str, np.ndarray]:
     """``build()`` through the cache the loaders share (or directly with ``cache=False``)."""
     folder = cache_folder(root, cache)
+    if folder is not None and cache is True:  # the default: a read-only dataset folder loads without it
+        try:
+            _check_writable(folder)
+        except ConfigError as error:
+            warnings.warn(f"{error}; {name} is loaded without a cache (binned anew at every call)", RuntimeWarning,
+                          stacklevel=3)
+            folder = None
     if folder is None:
         return dict(build())
     return cached(cache_file(folder, name, key), build, key=key)

@@ -67,6 +67,10 @@ def _files(root: pathlib.Path, split: str) -> tuple[list[pathlib.Path], np.ndarr
         raise ConfigError(f"load_nmnist: split must be one of {tuple(SPLITS)}, got {split!r}")
     folder = root / SPLITS[split]
     digits = [d for d in sorted(folder.iterdir()) if d.is_dir() and d.name.isdigit()] if folder.is_dir() else []
+    beyond = [d.name for d in digits if int(d.name) > 9]
+    if beyond:
+        raise DataError(f"load_nmnist: {folder} has the folder(s) {', '.join(beyond)}; a folder's name is its "
+                        f"samples' label, a digit 0..9 ({LAYOUT})")
     files = [(f, int(d.name)) for d in digits for f in sorted(d.glob("*.bin"))]
     if not files:
         raise FileNotFoundError(f"load_nmnist: no .bin files in {folder}/<digit>/. Expected the layout {LAYOUT}; "

@@ -21,6 +21,8 @@ from .events import bin_samples, check_binning, fingerprint, load_binned, with_m
 __all__ = ["load_shd", "load_ssc"]
 
 NUM_UNITS = 700
+#: Classes per dataset: SHD's 20 spoken digits (10 German, 10 English), SSC's 35 commands.
+CLASSES = {"shd": 20, "ssc": 35}
 SPLITS = {"shd": ("train", "test"), "ssc": ("train", "valid", "test")}
 URL = "https://zenkelab.org/datasets/{name}.h5.gz"
 LAYOUT = ("an HDF5 file with the datasets spikes/times (one variable-length float array per sample, "
@@ -66,7 +68,7 @@ def _dataset(file: Any, path: pathlib.Path, key: str, kind: str, vlen: bool) -> 
     return data
 
 
-def _read(path: pathlib.Path, dt, num_bins, max_time) -> dict[str, np.ndarray]:
+def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str, np.ndarray]:
     h5py = _h5py()
     try:
         file = h5py.File(path, "r")
@@ -88,12 +90,23 @@ def _read(path: pathlib.Path, dt, num_bins, max_time) -> dict[str, np.ndarray]:
                 if sample_times.shape != sample_units.shape:
                     raise DataError(f"{path}: sample {i} has {sample_times.size} spike times but "
                                     f"{sample_units.size} units")
-                if sample_units.size and sample_units.max() >= NUM_UNITS:
-                    raise DataError(f"{path}: sample {i} has unit {int(sample_units.max())}; expected < {NUM_UNITS}")
+                if sample_units.size and (sample_units.max() >= NUM_UNITS or sample_units.min() < 0):
+                    bad = int(sample_units.max() if sample_units.max() >= NUM_UNITS else sample_units.min())
+                    raise DataError(f"{path}: sample {i} has unit {bad}; expected 0 <= unit < {NUM_UNITS}")
+                if sample_times.size and not (np.isfinite(sample_times).all() and sample_times.min() >= 0):
+                    first = int(np.argmax(~(np.isfinite(sample_times) & (sample_times >= 0))))
+                    raise DataError(f"{path}: sample {i} has spike time {sample_times[first]} (at index {first}); "
+                                    f"expected finite times >= 0 in seconds")
                 yield sample_times, sample_units
 
+        y = np.asarray(labels[:])
+        outside = (y < 0) | (y >= classes)
+        if outside.any():
+            first = int(np.argmax(outside))
+            raise DataError(f"{path}: sample {first} has label {int(y[first])}; expected 0..{classes - 1} "
+                            f"({classes} classes)")
         x, lengths = bin_samples(samples(), NUM_UNITS, dt=dt, num_bins=num_bins, max_time=max_time, count=len(labels))
-        return {"x": x, "y": np.asarray(labels[:], np.int32), "lengths": lengths}
+        return {"x": x, "y": y.astype(np.int32), "lengths": lengths}
 
 
 def _load(dataset: str, root, split, dt, num_bins, max_time, variable_length, cache, download) -> tuple:
@@ -102,7 +115,8 @@ def _load(dataset: str, root, split, dt, num_bins, max_time, variable_length, ca
     path = _source(dataset, root, split, download)
     key = {"dataset": dataset, "split": split, "dt": dt, "num_bins": num_bins, "max_time": max_time,
            "source": fingerprint([path])}
-    arrays = load_binned(f"{dataset}_{split}", root, cache, key, lambda: _read(path, dt, num_bins, max_time))
+    arrays = load_binned(f"{dataset}_{split}", root, cache, key,
+                         lambda: _read(path, dt, num_bins, max_time, CLASSES[dataset]))
     return with_mask(arrays["x"], arrays["y"], arrays["lengths"], variable_length)
 
 

@@ -42,9 +42,9 @@ def _weight_fn(mask: Any, weight_fn: WeightFn | None, shape: tuple[int, ...], la
 
 
 def _positive_int(layer_name: str, name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{layer_name}: {name} must be a positive int, got {value!r}")
-    return value
+    return int(value)  # a numpy int (a size computed with numpy) as a Python one
 
 
 class Linear(brainstate.nn.Module):

@@ -45,8 +45,9 @@ class _Cell(brainstate.nn.Module):
     def __init__(self, in_size: int, hidden_size: int, state_init: Any, name: str | None):
         super().__init__(name=name)
         for arg, value in (("in_size", in_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{type(self).__name__}: {arg} must be a positive int, got {value!r}")
+        in_size, hidden_size = int(in_size), int(hidden_size)  # numpy ints as Python ones
         self.in_features, self.hidden_size = in_size, hidden_size
         self.in_size, self.out_size = (in_size,), (hidden_size,)
         self._summary = f"{in_size}, {hidden_size}"

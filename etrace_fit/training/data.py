@@ -102,8 +102,8 @@ def _length(name: str, value: Any) -> int:
 def split_validation(x: Any, y: Any, fraction: float) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """Keras' ``validation_split``: the last ``fraction`` of the samples (before any
     shuffling) become the validation set."""
-    if not 0.0 < fraction < 1.0:
-        raise ConfigError(f"validation_split must be in (0, 1), got {fraction!r}")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) or not 0.0 < fraction < 1.0:
+        raise ConfigError(f"validation_split must be a number in (0, 1), got {fraction!r}")
     total = _length("x", x)
     held = int(round(total * fraction))
     if held == 0 or held == total:
@@ -168,8 +168,7 @@ def batches(
     empty data or ``x`` and ``y`` of different lengths, :class:`ConfigError` for a bad
     ``batch_size`` or ``shuffle``.
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = check_count(batch_size, "batch_size")
     check_shuffle(shuffle)
     if hasattr(x, "shape") and hasattr(x, "__getitem__"):
         yield from _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weight, mask)

@@ -57,7 +57,8 @@ def check_verbose(verbose: Any) -> int:
 def validation_schedule(validation_freq: Any):
     """Keras' ``validation_freq`` as a predicate on the 0-based epoch: an int ``n``
     validates every ``n``-th epoch, a collection at the listed 1-based epochs."""
-    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool):
+    if isinstance(validation_freq, (int, np.integer)) and not isinstance(validation_freq, bool):
+        validation_freq = int(validation_freq)
         if validation_freq < 1:
             raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
         return lambda epoch: (epoch + 1) % validation_freq == 0

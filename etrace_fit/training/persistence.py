@@ -5,6 +5,7 @@ guarantees live in :mod:`etrace_fit.checkpoint`)."""
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Mapping
 
 import brainstate
@@ -96,7 +97,16 @@ class Persistence:
     def restore(self, path: Any) -> dict:
         """Load a checkpoint written by :meth:`save` into this trainer and its model;
         returns the manifest. :class:`CheckpointError` (and nothing changed) if it does
-        not fit the model, the optimizer or ``update_every``, naming what differs."""
+        not fit the model, the optimizer or ``update_every``, naming what differs. The
+        learning rate is part of the optimizer state, so the saved one is restored too;
+        a warning says so when it differs from the one this trainer's optimizer had
+        (set ``trainer.learning_rate`` afterwards to use yours)."""
+        return self._restore(path, note_learning_rate=True)
+
+    def _restore(self, path: Any, note_learning_rate: bool) -> dict:
+        """:meth:`restore`; ``note_learning_rate``: warn when the restored rate replaces
+        another (not for ``BackupAndRestore``, whose run set the saved one itself)."""
+        before = self.learning_rate if note_learning_rate and self.learning_rate_settable else None
         manifest, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
         if manifest.get("content") == WEIGHTS_ONLY:
             raise CheckpointError(f"{path} holds weights only (save_weights, ModelCheckpoint(save_weights_only=True)): "
@@ -133,6 +143,11 @@ class Persistence:
         self.epoch = epoch
         self._callbacks.load_state_dict(callbacks)
         self._callbacks.load_array_state(dict(state.get("callbacks") or {}))  # older checkpoints hold none
+        after = self.learning_rate if before is not None else None
+        if before is not None and after is not None and not np.isclose(before, after, rtol=1e-6, atol=0.0):
+            warnings.warn(f"{path}: the saved learning rate {after:g} replaces this optimizer's {before:g} (the rate "
+                          f"is part of the optimizer state); set trainer.learning_rate = {before:g} to use yours",
+                          UserWarning, stacklevel=3)
         return manifest
 
     def _restored_opt_state(self, path, manifest, state, params):
@@ -185,7 +200,7 @@ class Persistence:
         config.update(overrides)
         saved_optimizer = config.pop("optimizer", None)
         trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)
-        trainer.restore(path)
+        trainer._restore(path, note_learning_rate=optimizer is not None)  # a rate you gave, replaced: say so
         return trainer
 
     def count_params(self) -> int:

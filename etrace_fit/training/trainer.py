@@ -494,10 +494,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         check_shuffle(shuffle)
         if self.stateful and shuffle is not False:
             raise ConfigError("stateful=True reads batch k + 1 as the continuation of batch k: pass shuffle=False")
-        if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) or initial_epoch < 0:
+        if not isinstance(initial_epoch, (int, np.integer)) or isinstance(initial_epoch, bool) or initial_epoch < 0:
             raise ConfigError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
-        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < initial_epoch:
+        if not isinstance(epochs, (int, np.integer)) or isinstance(epochs, bool) or epochs < initial_epoch:
             raise ConfigError(f"epochs must be an int >= initial_epoch ({initial_epoch}), got {epochs!r}")
+        epochs, initial_epoch = int(epochs), int(initial_epoch)  # numpy ints too, as Keras takes them
         validates = validation_schedule(validation_freq)
         batch_size = 32 if batch_size is None else batch_size  # Keras' default
         check_count(batch_size, "batch_size")
@@ -585,6 +586,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         steps = None
         if is_array:
             size = np.shape(x)[0]
+            if self.stateful and size % batch_size and not drop_remainder and size > batch_size:
+                divisors = [d for d in range(1, size + 1) if size % d == 0 and d <= batch_size]
+                raise ConfigError(
+                    f"stateful=True continues batch k's {batch_size} streams in batch k + 1, but {size} sequences"
+                    f"{' (after validation_split)' if validation_split else ''} in batches of {batch_size} end with "
+                    f"a batch of {size % batch_size}; give a batch_size that divides {size} (e.g. {divisors[-1]}), "
+                    f"or drop_remainder=True")
             steps = size // batch_size if drop_remainder else -(-size // batch_size)
             if steps_per_epoch is not None and steps_per_epoch > steps:
                 warnings.warn(f"steps_per_epoch={steps_per_epoch}, but {size} sequences give {steps} batches of "

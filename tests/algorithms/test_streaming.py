@@ -192,6 +192,22 @@ def test_reset_states_starts_a_stream_afresh_and_predict_carries_step_by_step():
         ef.Trainer(_model(), stateful="yes")
 
 
+def test_stateful_arrays_that_end_in_a_smaller_batch_fail_before_training():
+    """The last, smaller batch cannot continue the streams: it failed mid-epoch, after
+    the epoch's updates."""
+    x, y = _trainer_data()
+    n = len(x)
+    trainer = ef.Trainer(_model(), algo="d_rtrl", optimizer="sgd", loss="mse", metrics=[], loss_on="all",
+                         stateful=True)
+    before = jax.tree.map(np.asarray, trainer.get_weights())
+    with pytest.raises(ConfigError, match=rf"stateful=True continues batch k's 3 streams in batch k \+ 1, but {n} "
+                                          rf"sequences in batches of 3 end with a batch of {n % 3}; give a batch_size "
+                                          rf"that divides {n} \(e.g. 2\), or drop_remainder=True"):
+        trainer.fit(x, y, batch_size=3, epochs=1, shuffle=False, verbose=0)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.get_weights()), before)
+    trainer.fit(x, y, batch_size=3, epochs=1, shuffle=False, verbose=0, drop_remainder=True)
+
+
 def test_train_and_test_on_batch_return_keras_results():
     x, y = _trainer_data()
     labels = (y[:, -1, 0] > 0).astype(np.int32)

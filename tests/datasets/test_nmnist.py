@@ -123,3 +123,23 @@ def test_an_event_off_the_sensor_names_the_file(tmp_path):
     (folder / "bad.bin").write_bytes(pack([34], [0], [0], [10]))
     with pytest.raises(DataError, match=r"bad\.bin: an event at x=34.*outside the 34 x 34"):
         load_nmnist(tmp_path, dt=0.01, cache=False)
+
+
+def test_a_file_moved_to_another_digit_folder_is_relabelled_through_the_cache(tmp_path):
+    """The cache key held the files' count, bytes and newest mtime only: a file moved to
+    fix its label (a move keeps the mtime) gave the old labels, silently."""
+    write_split(tmp_path, "Test", per_digit=1)
+    _, y = load_nmnist(tmp_path, "test", dt=0.01)
+    assert y.tolist() == [0, 3, 9]
+    (tmp_path / "Test" / "5").mkdir()
+    (tmp_path / "Test" / "3" / "00000.bin").rename(tmp_path / "Test" / "5" / "00000.bin")
+    assert load_nmnist(tmp_path, "test", dt=0.01)[1].tolist() == [0, 5, 9]
+
+
+def test_a_folder_that_is_not_a_digit_0_to_9_is_refused(tmp_path):
+    write_split(tmp_path, "Train", per_digit=1)
+    (tmp_path / "Train" / "10").mkdir()
+    (tmp_path / "Train" / "10" / "a.bin").write_bytes(pack([1], [2], [0], [5]))
+    with pytest.raises(DataError, match=r"Train has the folder\(s\) 10; a folder's name is its samples' label, a "
+                                         r"digit 0\.\.9"):
+        load_nmnist(tmp_path, "train", dt=0.01, cache=False)

@@ -1,5 +1,6 @@
 """SHD / SSC from HDF5 files written here in the published layout (etrace_fit/datasets/shd.py)."""
 
+import os
 import sys
 
 import numpy as np
@@ -9,6 +10,7 @@ h5py = pytest.importorskip("h5py")
 
 from etrace_fit.datasets import load_shd, load_ssc  # noqa: E402
 from etrace_fit.datasets import shd  # noqa: E402
+from etrace_fit.datasets.events import bin_samples as real_bin  # noqa: E402
 from etrace_fit.errors import ConfigError, DataError  # noqa: E402
 
 DT = 0.01
@@ -173,7 +175,7 @@ def test_a_wrong_dtype_names_the_file_and_the_key(tmp_path):
 
 def test_a_unit_beyond_700_and_a_non_hdf5_file_are_data_errors(tmp_path):
     write_shd(tmp_path / "shd_train.h5", [[0.1, 0.2]], [[1, 700]], [0])
-    with pytest.raises(DataError, match=r"shd_train\.h5: sample 0 has unit 700; expected < 700"):
+    with pytest.raises(DataError, match=r"shd_train\.h5: sample 0 has unit 700; expected 0 <= unit < 700"):
         load_shd(tmp_path, dt=DT, cache=False)
     (tmp_path / "shd_test.h5").write_bytes(b"plain text")
     with pytest.raises(DataError, match=r"shd_test\.h5: not a readable HDF5 file"):
@@ -184,3 +186,47 @@ def test_without_h5py_the_error_says_how_to_install_it(shd_root, monkeypatch):
     monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` now raises ImportError
     with pytest.raises(ImportError, match=r'pip install "etrace-fit\[datasets\]"'):
         load_shd(shd_root[0], dt=DT, cache=False)
+
+
+def test_labels_outside_the_classes_and_bad_spikes_name_the_file_and_sample(tmp_path):
+    write_shd(tmp_path / "shd_train.h5", [[0.01], [0.02]], [[1], [2]], [3, 20])
+    with pytest.raises(DataError, match=r"shd_train\.h5: sample 1 has label 20; expected 0\.\.19 \(20 classes\)"):
+        load_shd(tmp_path, dt=DT, cache=False)
+    write_shd(tmp_path / "ssc_test.h5", [[0.01]], [[1]], [35])
+    with pytest.raises(DataError, match=r"ssc_test\.h5: sample 0 has label 35; expected 0\.\.34"):
+        load_ssc(tmp_path, "test", dt=DT, cache=False)
+    write_shd(tmp_path / "shd_train.h5", [[0.01], [0.02, np.nan]], [[1], [2, 3]], [3, 4])
+    with pytest.raises(DataError, match=r"shd_train\.h5: sample 1 has spike time nan \(at index 1\); expected finite "
+                                         r"times >= 0"):
+        load_shd(tmp_path, dt=DT, cache=False)
+    with h5py.File(tmp_path / "shd_test.h5", "w") as file:  # signed units, as some converted files hold
+        file.create_dataset("spikes/times", (1,), dtype=h5py.vlen_dtype(np.dtype(np.float32)))[0] = [0.01, 0.02]
+        file.create_dataset("spikes/units", (1,), dtype=h5py.vlen_dtype(np.dtype(np.int16)))[0] = [3, -1]
+        file.create_dataset("labels", data=np.array([1], np.uint8))
+    with pytest.raises(DataError, match=r"shd_test\.h5: sample 0 has unit -1; expected 0 <= unit < 700"):
+        load_shd(tmp_path, "test", dt=DT, cache=False)
+
+
+def test_a_file_rewritten_at_the_same_size_and_mtime_is_read_again(tmp_path):
+    path = tmp_path / "shd_train.h5"
+    write_shd(path, [[0.01]], [[1]], [1])
+    _, y = load_shd(tmp_path, dt=DT, max_time=0.1)
+    stat = path.stat()
+    write_shd(path, [[0.01]], [[1]], [7])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert y.tolist() == [1] and load_shd(tmp_path, dt=DT, max_time=0.1)[1].tolist() == [7]
+
+
+def test_a_cache_folder_that_cannot_be_written_fails_before_binning_or_is_skipped_by_default(tmp_path, monkeypatch):
+    write_shd(tmp_path / "shd_train.h5", [[0.01]], [[1]], [1])
+    binned = []
+    monkeypatch.setattr(shd, "bin_samples", lambda *a, **k: binned.append(1) or real_bin(*a, **k))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match=r"the dataset cache folder .*a_file cannot be written .*pass cache=False"):
+        load_shd(tmp_path, dt=DT, max_time=0.1, cache=tmp_path / "a_file")
+    assert binned == []  # refused before the work
+    (tmp_path / ".etrace_cache").write_text("")  # the default folder is taken: load without a cache
+    with pytest.warns(RuntimeWarning, match=r"cannot be written .*shd_train is loaded without a cache"):
+        x, y = load_shd(tmp_path, dt=DT, max_time=0.1)
+    assert x.shape == (1, 10, 700) and y.tolist() == [1] and binned == [1]

@@ -13,7 +13,7 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
-from etrace_fit.callbacks import BackupAndRestore, ModelCheckpoint
+from etrace_fit.callbacks import BackupAndRestore, LambdaCallback, ModelCheckpoint
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import CheckpointError
 
@@ -101,6 +101,31 @@ def test_backup_and_restore_falls_back_to_the_previous_good_backup(tmp_path):
         resumed.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[BackupAndRestore(str(backup))])
     assert resumed.history.epoch == [0, 1, 2]  # epoch 0 from the previous backup, then 1 and 2 again
     assert not backup.exists() or not any(backup.iterdir())  # deleted after a finished run
+
+
+def test_backups_of_another_model_or_optimizer_are_refused_before_training_and_kept(tmp_path):
+    """An edited script (another width, another optimizer) warned, trained from epoch 0
+    and rotated the finished run's backups out."""
+    x, y = _data()
+    backup = tmp_path / "backup"
+    crash = LambdaCallback(on_epoch_end=lambda epoch, logs: (_ for _ in ()).throw(KeyboardInterrupt) if epoch == 2
+                           else None)
+    with pytest.raises(KeyboardInterrupt):
+        ef.Trainer(_model(), optimizer=optax.adam(1e-2)).fit(x, y, batch_size=8, epochs=4, verbose=0,
+                                                             callbacks=[BackupAndRestore(str(backup)), crash])
+    saved = {p.name: p.read_bytes() for p in backup.iterdir()}
+    assert set(saved) == {"latest.ckpt", "previous.ckpt"}
+    for trainer, what in ((ef.Trainer(_model(hidden=5), optimizer=optax.adam(1e-2)), r"layers\.0\.weight"),
+                          (ef.Trainer(_model(), optimizer="sgd"), "optimizer")):
+        with pytest.raises(ef.ConfigError, match=rf"(?s)BackupAndRestore: the backups in .*backup are of a run this "
+                                                 rf"trainer cannot continue .*latest \(epoch 2\): .*{what}.*\(and 1 "
+                                                 rf"older one\(s\) alike\)\. They are "
+                                                 rf"left as they are"):
+            trainer.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(str(backup))])
+        assert trainer.history.epoch == [] and {p.name: p.read_bytes() for p in backup.iterdir()} == saved
+    resumed = ef.Trainer(_model(), optimizer=optax.adam(1e-2))  # the run they belong to goes on
+    resumed.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[BackupAndRestore(str(backup))])
+    assert resumed.history.epoch == [0, 1, 2, 3] and resumed.epoch == 3
 
 
 SCRIPT = textwrap.dedent("""

@@ -153,6 +153,8 @@ def test_sequence_grad_with_a_new_lambda_per_call_warns_and_keeps_memory_bounded
     (dict(batch_size=0), ConfigError, r"batch_size must be a positive int, got 0"),
     (dict(batch_size=2.5), ConfigError, r"batch_size must be a positive int, got 2.5"),
     (dict(steps_per_epoch=0), ConfigError, r"steps_per_epoch must be a positive int, got 0"),
+    (dict(validation_split="0.2"), ConfigError, r"validation_split must be a number in \(0, 1\), got '0.2'"),
+    (dict(validation_split=1.5), ConfigError, r"validation_split must be a number in \(0, 1\), got 1.5"),
 ])
 def test_bad_fit_arguments_fail_before_training(kwargs, error, match):
     x, y = _data()
@@ -429,3 +431,25 @@ def test_an_optimizer_whose_init_needs_concrete_values_is_still_taken():
     x, y = _data(8)
     trainer = ef.Trainer(_model(), optimizer=optax.GradientTransformation(init, adam.update))
     assert np.isfinite(trainer.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"][0])
+
+
+# ------------------------------------------------------------------ another input dtype
+@pytest.mark.parametrize("algo, dtype", [("hybrid", np.float16), ("d_rtrl", np.int32), ("esd_rtrl", np.bool_),
+                                         ("eprop", np.int32)])
+def test_a_later_fit_on_another_input_dtype_trains_as_on_the_same_values_in_float32(algo, dtype):
+    """The plan was matched to the new step by equation index, and a cast equation more
+    moved them all: every online rule failed with "other weights at this input shape"
+    (after a float32 fit, on float16, int or bool spikes). The values are 0 / 1, exact in
+    every dtype, so the second fit must equal one on the float32 copy."""
+    x, y = _data(16)
+    assert set(np.unique(x)) <= {0.0, 1.0}
+    weights = []
+    for second in (x.astype(dtype), x.astype(np.float32)):
+        trainer = ef.Trainer(_model(), algo=algo, optimizer=optax.sgd(0.5))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+            trainer.fit(second, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        weights.append(jax.tree.leaves(trainer.get_weights()))
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)

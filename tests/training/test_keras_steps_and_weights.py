@@ -184,3 +184,16 @@ def test_validation_steps_and_validation_batch_size():
                          (dict(validation_batch_size=1.5), "validation_batch_size must be a positive int, got 1.5")):
         with pytest.raises(ConfigError, match=message):
             trainer.fit(x, y, validation_data=(xv, yv), verbose=0, **bad)
+
+
+def test_numpy_ints_are_taken_where_ints_are():
+    """Sizes and counts computed with numpy (np.int64) were refused as not ints."""
+    x, y = _data(16)
+    trainer = _trainer()
+    history = trainer.fit(x, y, batch_size=np.int64(8), epochs=np.int64(2), initial_epoch=np.int32(0),
+                          validation_data=(x, y), validation_freq=np.int64(2), verbose=0)
+    assert history.epoch == [0, 1] and len(history.history["val_loss"]) == 1
+    assert type(history.params["epochs"]) is int  # JSON-ready in checkpoints and logs
+    model = ef.Sequential(L.Linear(np.int64(C), np.int64(H)), L.GRUCell(np.int64(H), np.int32(H)),
+                          L.Linear(np.int64(H), 2))
+    assert model.layers[0].out_size == (H,) and type(model.layers[1].hidden_size) is int

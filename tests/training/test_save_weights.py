@@ -117,3 +117,55 @@ def test_model_checkpoint_initial_value_threshold_and_its_arguments(tmp_path):
             ModelCheckpoint("ckpt", **kwargs)
     with pytest.raises(ConfigError, match=r"save_weights_only must be True or False, got 'max' \(mode comes after"):
         ModelCheckpoint("ckpt", "val_loss", 0, True, "max")  # Keras 2 users' positional mode
+
+
+def test_a_filepath_that_cannot_be_formatted_or_is_a_folder_fails_before_training(tmp_path):
+    """These failed at the first epoch's end, and that epoch's training was lost."""
+    from etrace_fit.callbacks import LambdaCallback
+
+    x, y = _data()
+    batches = []
+    counting = LambdaCallback(on_train_batch_begin=lambda batch, logs: batches.append(batch))
+    (tmp_path / "folder").mkdir()
+    for filepath, message in (
+            (tmp_path / "{val_loss:03d}.ckpt",
+             r"cannot be formatted with the epoch \(an int\) and the logs \(floats\): ValueError: Unknown format code 'd'"),
+            (tmp_path / "{}.ckpt", r"cannot be formatted .*IndexError"),
+            (tmp_path / "folder", r"filepath '.*folder' is a folder; give a file path in it")):
+        with pytest.raises(ConfigError, match=message):
+            ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=(x, y),
+                                     callbacks=[ModelCheckpoint(str(filepath)), counting])
+    assert batches == []
+
+
+def test_save_to_a_folder_or_below_a_file_names_the_problem(tmp_path):
+    trainer = ef.Trainer(_model())
+    with pytest.raises(CheckpointError, match=r"is a folder: give the checkpoint a file name in it"):
+        trainer.save(tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(CheckpointError, match=r"afile is a file, so the checkpoint's folder cannot be made there"):
+        trainer.save_weights(tmp_path / "afile" / "w.ckpt")
+
+
+def test_restoring_over_another_learning_rate_says_that_the_saved_one_is_used(tmp_path):
+    x, y = _data()
+    saved = ef.Trainer(_model(), optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3))
+    saved.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    saved.save(tmp_path / "run.ckpt")
+    mine = optax.inject_hyperparams(optax.adam)(learning_rate=0.05)
+    with pytest.warns(UserWarning, match=r"run.ckpt: the saved learning rate 0.001 replaces this optimizer's 0.05 .*"
+                                         r"set trainer.learning_rate = 0.05 to use yours"):
+        loaded = ef.Trainer.load(tmp_path / "run.ckpt", _model(), optimizer=mine)
+    assert loaded.learning_rate == pytest.approx(1e-3)
+    with pytest.warns(UserWarning, match="the saved learning rate 0.001 replaces this optimizer's 0.05"):
+        ef.Trainer(_model(), optimizer=mine).restore(tmp_path / "run.ckpt")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same rate, or an optimizer saved by name: nothing to say
+        ef.Trainer(_model(), optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)).restore(
+            tmp_path / "run.ckpt")
+        named = ef.Trainer(_model(), optimizer="adam")
+        named.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        named.learning_rate = 1e-4
+        named.save(tmp_path / "named.ckpt")
+        assert ef.Trainer.load(tmp_path / "named.ckpt", _model()).learning_rate == pytest.approx(1e-4)
