@@ -128,8 +128,8 @@ def test_a_filepath_that_cannot_be_formatted_or_is_a_folder_fails_before_trainin
     counting = LambdaCallback(on_train_batch_begin=lambda batch, logs: batches.append(batch))
     (tmp_path / "folder").mkdir()
     for filepath, message in (
-            (tmp_path / "{val_loss:03d}.ckpt",
-             r"cannot be formatted with the epoch \(an int\) and the logs \(floats\): ValueError: Unknown format code 'd'"),
+            (tmp_path / "{val_loss:03d}.ckpt", r"cannot be formatted with the epoch \(an int\) and the logs "
+                                               r"\(floats\): ValueError: Unknown format code 'd'"),
             (tmp_path / "{}.ckpt", r"cannot be formatted .*IndexError"),
             (tmp_path / "folder", r"filepath '.*folder' is a folder; give a file path in it")):
         with pytest.raises(ConfigError, match=message):
