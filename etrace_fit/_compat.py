@@ -41,6 +41,7 @@ __all__ = [
     "eval_equation",
     "interpret",
     "is_custom_vjp_call",
+    "per_unit_bodies",
     "is_nested_jit",
     "jaxprs_in_params",
     "live_equations",
@@ -385,6 +386,31 @@ def equal_outputs(closed: ClosedJaxpr) -> list[int]:
     firsts: dict[Any, int] = {}
     return [firsts.setdefault(("literal", i) if isinstance(v, Literal) else key_of(v), i)
             for i, v in enumerate(closed.jaxpr.outvars)]
+
+
+def per_unit_bodies(eqn: JaxprEqn) -> list[Jaxpr] | None:
+    """The inner jaxprs of a control-flow equation that acts on each unit alone when
+    every equation in them does: ``cond``'s branches (the branch index is an integer:
+    no derivative flows through it), ``while``'s condition and body, the body of a
+    ``scan`` that stacks no output and scans over scalars only, if any (``fori_loop``,
+    a neuron's sub-steps with a weight per sub-step: slices with axes could run over
+    the units), a
+    ``checkpoint`` (``remat``)'s body. ``None`` for any other equation."""
+    name, params = eqn.primitive.name, eqn.params
+    if name == "cond":
+        return [branch.jaxpr for branch in params["branches"]]
+    if name == "while":
+        return [params["cond_jaxpr"].jaxpr, params["body_jaxpr"].jaxpr]
+    if name == "scan":
+        body = params["jaxpr"].jaxpr
+        scanned = body.invars[params["num_consts"] + params["num_carry"]:]
+        if len(eqn.outvars) != params["num_carry"] or any(var.aval.shape for var in scanned):
+            return None  # stacked outputs, or slices that could run over the units
+        return [body]
+    if name in ("remat2", "checkpoint", "remat"):
+        inner = params["jaxpr"]
+        return [inner.jaxpr if isinstance(inner, ClosedJaxpr) else inner]
+    return None
 
 
 def control_flow_operands(eqn: JaxprEqn, inner: Jaxpr) -> list[Any] | None:

@@ -33,8 +33,9 @@ def is_boundary(eqn: Any) -> bool:
 
 
 def is_elementwise(eqn: Any) -> bool:
-    """Whether ``eqn`` acts on each unit on its own (a custom_jvp or custom_vjp function:
-    if everything inside it does)."""
+    """Whether ``eqn`` acts on each unit on its own (a custom_jvp or custom_vjp function,
+    a nested jit, a cond / while / fori_loop / checkpoint: if everything inside it does,
+    :func:`_compat.per_unit_bodies`)."""
     info = etp_op_info(eqn.primitive)
     if info is not None:
         return info.transparent
@@ -44,6 +45,9 @@ def is_elementwise(eqn: Any) -> bool:
         return all(is_elementwise(inner) for inner in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns)
     if _compat.is_nested_jit(eqn):
         return all(is_elementwise(inner) for inner in _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)
+    bodies = _compat.per_unit_bodies(eqn)  # cond, while, fori_loop, checkpoint: sub-steps of a neuron
+    if bodies is not None:
+        return all(is_elementwise(inner) for body in bodies for inner in body.eqns)
     return eqn.primitive.name in _ELEMENTWISE
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import jax.numpy as jnp
+
 from .. import _compat
 from ..ops import etp_op_info
 from ._dataflow import is_boundary, is_elementwise
@@ -114,10 +116,17 @@ def _mixing_ops(module: ModuleInfo, start: int, targets: set) -> list[str]:
         eqn = eqns[index]
         if not any(v in backward for v in eqn.outvars):
             continue
-        backward.update(v for v in eqn.invars if not isinstance(v, _compat.Literal))
+        # Only float operands carry a derivative: a cond's branch index or a comparison's
+        # bool (a switch on the mean input) is no path for the gradient.
+        backward.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and _differentiable(v))
         if not is_elementwise(eqn) and eqn.primitive.name not in mixers:
             mixers.append(eqn.primitive.name)
     return mixers[::-1]
+
+
+def _differentiable(var: Any) -> bool:
+    """Whether a derivative can flow through ``var`` (a float, not an int or bool)."""
+    return jnp.issubdtype(var.aval.dtype, jnp.inexact)
 
 
 def _record(relation: Relation, reason: str, message: str, groups: tuple[int, ...] = ()) -> Diagnostic:

@@ -55,7 +55,8 @@ class HiddenGroup:
 
 def _dependencies(module: ModuleInfo) -> dict[Any, dict[int, bool]]:
     """For every variable: the hidden states (by index) it depends on within the step
-    without crossing a boundary, each with whether every such path is elementwise."""
+    without crossing a boundary, each with whether every such path is elementwise
+    (a path through an int or bool value carries no derivative, so its mixing is moot)."""
     deps: dict[Any, dict[int, bool]] = {}
     for k, state in enumerate(module.hidden):
         deps[state.in_vars[0]] = {k: True}
@@ -70,8 +71,8 @@ def _dependencies(module: ModuleInfo) -> dict[Any, dict[int, bool]]:
             for k, flag in deps.get(var, {}).items():
                 merged[k] = merged.get(k, True) and flag and elementwise
         if merged:
-            for var in eqn.outvars:
-                deps[var] = merged
+            for var in eqn.outvars:  # an int or bool carries no derivative: whatever mixed before it is moot
+                deps[var] = merged if jnp.issubdtype(var.aval.dtype, jnp.inexact) else dict.fromkeys(merged, True)
     return deps
 
 

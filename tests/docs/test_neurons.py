@@ -49,6 +49,7 @@ NEURONS = {
     "refractory": (lambda ns: ns["RefractoryLIF"](N), 0.8, 0.4),
     "learned": (lambda ns: ns["LearnedLIF"](N), 0.8, 0.4),
     "custom_vjp": (lambda ns: ns["PortedLeaky"](N), 0.8, 0.4),
+    "substepped": (lambda ns: ns["SubsteppedLIF"](N), 1.2, 0.6),
 }
 
 
@@ -108,6 +109,19 @@ def test_every_rule_is_exact_at_the_first_step(name, algo):
     for leaf in ref:
         if np.max(np.abs(ref[leaf])) > 0:
             assert rel_err(online[leaf], ref[leaf]) < 1e-9, (leaf, algo)
+
+
+@pytest.mark.parametrize("name", ["substepped", "custom_vjp"])
+def test_control_flow_and_custom_vjp_inside_the_step_are_not_reported_approximate(name):
+    """fori_loop, cond (on a layer-wide mean) and checkpoint were read as ops that mix
+    units, and a custom_vjp spike as non-elementwise coupling: D-RTRL was exact and
+    said it was not (ApproximationWarning, "one-step gradient only")."""
+    built = case(name, "all")
+    with built.env():
+        graph = ef.compile_graph(built.model, built.xs[0])
+    found = [d.message for d in graph.diagnostics if d.kind in (ef.compiler.DiagnosticKind.APPROXIMATE,
+                                                                ef.compiler.DiagnosticKind.NON_ELEMENTWISE_COUPLING)]
+    assert found == []
 
 
 def test_learned_threshold_and_tau_are_traced_and_get_nonzero_gradients():
