@@ -130,7 +130,9 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
                 listing = ", ".join(f"{hidden[j].name} {tuple(a.shape)}" for j, a in zip(ks, avals))
                 raise CompilationError(
                     f"hidden states {listing} update each other per unit but differ in shape, so they "
-                    f"cannot form one hidden group; give them one shape"
+                    f"cannot form one hidden group; give them one shape: a buffer with an axis more (a delay "
+                    f"line of D taps, shape (batch, units, D)) as D hidden states of the units' shape, one per "
+                    f"tap, each written from the one before (D-RTRL follows such a line exactly)"
                 )
             if aval.dtype != first.dtype:
                 listing = ", ".join(f"{hidden[j].name} {a.dtype}" for j, a in zip(ks, avals))

@@ -50,6 +50,7 @@ NEURONS = {
     "learned": (lambda ns: ns["LearnedLIF"](N), 0.8, 0.4),
     "custom_vjp": (lambda ns: ns["PortedLeaky"](N), 0.8, 0.4),
     "substepped": (lambda ns: ns["SubsteppedLIF"](N), 1.2, 0.6),
+    "delayed": (lambda ns: ns["DelayedLIF"](N), 0.8, 0.4),
 }
 
 
@@ -122,6 +123,40 @@ def test_control_flow_and_custom_vjp_inside_the_step_are_not_reported_approximat
     found = [d.message for d in graph.diagnostics if d.kind in (ef.compiler.DiagnosticKind.APPROXIMATE,
                                                                 ef.compiler.DiagnosticKind.NON_ELEMENTWISE_COUPLING)]
     assert found == []
+
+
+def test_a_delay_buffer_of_another_shape_is_refused_naming_the_split_into_taps():
+    namespace = page_namespace()
+
+    class BufferedLIF(namespace["DelayedLIF"]):
+        def __init__(self, n, delay=3):
+            L.Neuron.__init__(self, n)
+            self.delay, self.beta, self.threshold, self.spike = delay, 0.9, 1.0, L.Sigmoid()
+            self.hidden("V", init=0.0)
+
+        def init_state(self, batch_size=None, **kwargs):
+            super().init_state(batch_size, **kwargs)
+            self.line = brainstate.HiddenState(jnp.zeros((batch_size, N, self.delay)))
+
+        def reset_state(self, batch_size=None, **kwargs):
+            super().reset_state(batch_size, **kwargs)
+            self.line.value = jnp.zeros((batch_size, N, self.delay))
+
+        def update(self, x):
+            arriving = self.line.value[..., -1]
+            self.line.value = jnp.concatenate([x[..., None], self.line.value[..., :-1]], axis=-1)
+            v = self.beta * self.V.value + arriving
+            spike = self.spike(v - self.threshold)
+            self.V.value = v - spike * self.threshold
+            return spike
+
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(lin(I, N, 0), BufferedLIF(N), lin(N, O, 2))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        with pytest.raises(ef.CompilationError, match=rf"hidden states .*line \({B}, {N}, 3\).*V \({B}, {N}\) .*"
+                                                      r"differ in shape.*as D hidden states of the units' shape, one "
+                                                      r"per tap"):
+            ef.compile_graph(model, jnp.ones((B, I)))
 
 
 def test_learned_threshold_and_tau_are_traced_and_get_nonzero_gradients():
