@@ -27,6 +27,9 @@ __all__ = ["TASKS", "Task", "main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etrace-fit", description="Online training of recurrent and spiking "
                                      "networks with eligibility traces.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"etrace-fit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,tasks}")
     commands.add_parser("tasks", help="list the built-in tasks")
     train_parser = commands.add_parser("train", help="train a built-in task", description="Train a built-in task "

@@ -363,11 +363,24 @@ def _use_compile_cache(args: argparse.Namespace) -> None:
     _compat.use_compilation_cache(folder)
 
 
+def _algo_name(text: str) -> str:
+    """``--algo``: a name of :data:`ALGOS`, ``tbptt:<window>`` or ``eprop:random``."""
+    from .algorithms.registry import check_algo
+    from .errors import ConfigError
+
+    try:
+        check_algo(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser, task: str | None = None) -> argparse.ArgumentParser:
     """The options every task takes (``--task`` only when ``task`` is None)."""
     if task is None:
         parser.add_argument("--task", default="evidence", choices=sorted(TASKS), help="the task (default: evidence)")
-    parser.add_argument("--algo", default="hybrid", choices=ALGOS, help="learning rule (default: hybrid)")
+    parser.add_argument("--algo", default="hybrid", type=_algo_name, metavar="ALGO",
+                        help=f"learning rule: {', '.join(ALGOS)}, tbptt:<window> or eprop:random (default: hybrid)")
     parser.add_argument("--epochs", type=int, help="passes over the training set (default: the task's)")
     parser.add_argument("--batch-size", type=int, help="sequences per batch (default: the task's)")
     parser.add_argument("--logdir", default="runs", help="each run gets a new folder in here with TensorBoard "

@@ -67,7 +67,8 @@ def test_logdir_none_writes_no_logs(tmp_path, capsys, restore_dt, monkeypatch):
 @pytest.mark.parametrize("argv, fragment", [
     (["train", "--epochs", "0"], "--epochs must be positive"),
     (["train", "--task", "mnist"], "invalid choice: 'mnist'"),
-    (["train", "--algo", "rtrl"], "invalid choice: 'rtrl'"),
+    (["train", "--algo", "rtrl"], "argument --algo: unknown algo 'rtrl'; valid: "),
+    (["train", "--algo", "tbptt:x"], "argument --algo: truncated BPTT needs a window of steps"),
     (["train", "--lr", "-1"], "--lr must be positive"),
     ([], "required"),
 ])
@@ -76,6 +77,18 @@ def test_bad_arguments_exit_with_usage(argv, fragment, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_version_and_a_truncated_bptt_window(tmp_path, capsys, restore_dt, monkeypatch):
+    from etrace_fit import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"etrace-fit {__version__}"
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", "none",
+                 "--verbose", "0", "--algo", "tbptt:5"]) == 0
+    assert "algo tbptt:5" in capsys.readouterr().out
 
 
 def test_a_bad_memory_budget_is_reported_without_a_traceback(capsys, restore_dt, tmp_path):

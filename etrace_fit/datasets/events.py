@@ -26,6 +26,10 @@ __all__ = ["bin_events", "bin_samples", "cached", "pad_sequences"]
 
 CACHE_FORMAT = 1  # bump when the cached arrays change meaning: older files are then rebuilt
 _EDGE_DECIMALS = 9  # t / width is rounded to this many decimals, so t = k * dt lands in bin k
+#: The most entries (bins × units) one sample may bin to: 1e9 (4 GB as float32). More is
+#: a sign of times in the wrong unit (µs read as s), refused as such instead of a
+#: MemoryError.
+MAX_BINNED_ENTRIES = 10**9
 
 
 def check_binning(dt: float | None, num_bins: int | None, duration: float | None, caller: str) -> None:
@@ -121,6 +125,10 @@ def bin_events(
             steps = int(np.ceil(np.round(duration / dt, _EDGE_DECIMALS)))
         else:
             steps = int(index.max()) + 1 if index.size else 0
+    if steps * num_units > MAX_BINNED_ENTRIES:
+        raise DataError(f"bin_events: the events span {steps} bins of {num_units} units ({steps * num_units:.3g} "
+                        f"entries, over {MAX_BINNED_ENTRIES:.0e}): the last event is at t = {times.max():g}; are the "
+                        f"times in seconds (not µs or ms), and dt = {dt} in seconds too? Or give max_time / num_bins")
     kept = index < steps
     flat = index[kept] * num_units + units[kept]
     counts = np.bincount(flat, minlength=steps * num_units)

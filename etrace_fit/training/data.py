@@ -49,10 +49,14 @@ def check_finite(x: Any, name: str = "x") -> None:
         raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data before training")
 
 
-def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> None:
-    """:class:`ShapeError` unless ``weights`` are finite numbers ``>= 0`` (a NaN weight made
-    its whole batch skip as non-finite; a negative one trained by gradient ascent)."""
+def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> np.ndarray:
+    """``weights`` as an array, after a :class:`ShapeError` unless they are finite
+    numbers ``>= 0`` (a NaN weight made its whole batch skip as non-finite; a negative one
+    trained by gradient ascent). Keras' ``(N, 1)`` column is taken as ``(N,)`` (one per
+    sequence) when batch-major ``x`` has more than one step."""
     values = np.asarray(weights)
+    if values.ndim == 2 and values.shape[1] == 1 and np.ndim(x) >= 2 and np.shape(x)[1] != 1:
+        values = values[:, 0]
     if values.dtype == bool or not np.issubdtype(values.dtype, np.number):
         raise ShapeError(f"{name} must be numbers, got dtype {values.dtype}")
     check_finite(values.reshape(values.shape[0], -1) if values.ndim else values, name)
@@ -60,6 +64,7 @@ def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> None:
         first = int(np.argmax((values.reshape(values.shape[0], -1) < 0).any(axis=1))) if values.ndim else 0
         raise ShapeError(f"{name} must be >= 0, got {values.min():g} (first in sample {first}); a negative weight "
                          f"would train away from the targets")
+    return values
 
 
 def check_mask(mask: Any, x: Any, name: str = "mask") -> None:
@@ -174,6 +179,10 @@ def batches(
         yield from _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weight, mask)
         return
     if y is not None:
+        if isinstance(x, Mapping) or (isinstance(x, (tuple, list)) and x and all(hasattr(a, "shape") for a in x)):
+            raise ConfigError(f"x is a {type(x).__name__} of arrays (Keras' several or named inputs), which is not "
+                              f"taken: the model's step takes one x array (batch, time, features); join the inputs "
+                              f"into one, or pass an iterable of (x, y) batches with y=None")
         raise ConfigError("y must be None when x is an iterable or sequence of (x, y) batches")
     if sample_weight is not None:
         raise ConfigError("sample_weight applies to array data; an iterable gives weights inside its batches")
@@ -259,7 +268,9 @@ def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray,
         raise ShapeError(f"x has no time steps (T = 0, shape {tuple(x.shape)}); a sequence needs at least one step")
     if batch.mask is not None and loss_on != "mask":
         raise ConfigError(f"a mask was given but loss_on={loss_on!r} ignores it; pass loss_on='mask' to place "
-                          f"the loss by the mask, or drop the mask")
+                          f"the loss by the mask, or drop the mask (a batch's third item is read as the mask: "
+                          f"(x, y, mask); Keras' (x, y, sample_weight) batches are not taken, give sample_weight= "
+                          f"with array data)")
     wdtype = weight_dtype(x)
     if loss_on == "mask":
         if batch.mask is None:

@@ -277,9 +277,11 @@ class Evaluation:
             raise ConfigError("sample_weight and mask apply to array data (x, y); an iterable gives (x, y, mask) "
                               "batches")
         if sample_weight is not None:
-            check_weights(sample_weight, x)
             if self.time_major:  # (T, N) per step, as fit takes it
+                check_weights(sample_weight, x)
                 _, _, sample_weight = batch_major(x, None, sample_weight)
+            else:
+                sample_weight = check_weights(sample_weight, x)
         if mask is not None:
             data = self._as_data((x, y, mask), "x")
             check_mask(data.mask, data.x)

@@ -545,7 +545,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if is_array:
             check_finite(x)
             if sample_weight is not None:
-                check_weights(sample_weight, x)
+                sample_weight = check_weights(sample_weight, x)
             if mask is not None:
                 check_mask(mask, x)
             if y is not None:
@@ -947,7 +947,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             raise ConfigError(f"{name} takes arrays x (and y)")
         check_finite(data.x)
         if sample_weight is not None:
-            check_weights(sample_weight, data.x)
+            sample_weight = check_weights(sample_weight, data.x)
         batch = Batch(data.x, data.y, data.mask, None if sample_weight is None else np.asarray(sample_weight))
         if batch.sample_weight is not None and self.time_major and np.ndim(batch.sample_weight) == 2:
             batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))

@@ -151,3 +151,10 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         cached(tmp_path / "data.npz", lambda: {"x": np.zeros(2)})
     assert os.listdir(tmp_path) == []
+
+
+def test_times_in_the_wrong_unit_are_a_data_error_not_a_memory_error():
+    """A timestamp in µs read as seconds asked for 5 TiB of bins."""
+    with pytest.raises(DataError, match=r"bin_events: the events span 10000000001 bins of 700 units .* the last event "
+                                        r"is at t = 1e\+06; are the times in seconds \(not µs or ms\)"):
+        bin_events([0.0, 1e6], [0, 1], 700, dt=1e-4)

@@ -453,3 +453,17 @@ def test_a_later_fit_on_another_input_dtype_trains_as_on_the_same_values_in_floa
         weights.append(jax.tree.leaves(trainer.get_weights()))
     for a, b in zip(*weights):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_keras_multi_input_x_and_sample_weight_batches_are_named():
+    """Both read as something else: a dict or tuple of arrays as an iterable of batches
+    ("y must be None"), a (x, y, sample_weight) batch as (x, y, mask)."""
+    x, y = _data(8)
+    for given in ({"input": x}, (x,), [x, x]):
+        with pytest.raises(ConfigError, match=rf"x is a {type(given).__name__} of arrays \(Keras' several or named "
+                                              r"inputs\), which is not taken"):
+            _fit_counting(ef.Trainer(_model()), given, y)
+        assert _fit_counting.began == 0
+    with pytest.raises(ConfigError, match=r"a batch's third item is read as the mask: \(x, y, mask\); Keras' \(x, y, "
+                                          r"sample_weight\) batches are not taken"):
+        _fit_counting(ef.Trainer(_model()), [(x, y, np.ones(8, np.float32))])

@@ -10,6 +10,7 @@ implementation is needed; the reading of iterators is counted on the generators.
 import itertools
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -197,3 +198,18 @@ def test_numpy_ints_are_taken_where_ints_are():
     model = ef.Sequential(L.Linear(np.int64(C), np.int64(H)), L.GRUCell(np.int64(H), np.int32(H)),
                           L.Linear(np.int64(H), 2))
     assert model.layers[0].out_size == (H,) and type(model.layers[1].hidden_size) is int
+
+
+def test_a_keras_column_of_sample_weights_is_one_weight_per_sequence():
+    x, y = _data(16)
+    weights = np.linspace(0.0, 2.0, 16).astype(np.float32)
+    trainer = _trainer()
+    assert trainer.evaluate(x, y, verbose=0, sample_weight=weights[:, None])["loss"] == pytest.approx(
+        trainer.evaluate(x, y, verbose=0, sample_weight=weights)["loss"])
+    fitted = []
+    for given in (weights, weights[:, None]):
+        other = _trainer()
+        other.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, sample_weight=given)
+        fitted.append(jax.tree.leaves(other.get_weights()))
+    for a, b in zip(*fitted):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
