@@ -323,17 +323,28 @@ def loss_weight(batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: 
                              f"{(steps, size) if time_major else (size, steps)} (per step), got "
                              f"{tuple(sample_weight.shape)}")
     if class_weight is not None:
-        weight = weight * class_weight[np.asarray(ys, np.int64).reshape(steps, size)]
+        labels = np.asarray(ys)
+        labels = np.argmax(labels, axis=-1) if np.issubdtype(labels.dtype, np.floating) else labels  # one-hot
+        weight = weight * class_weight[np.asarray(labels, np.int64).reshape(steps, size)]
     return weight.astype(wdtype)
+
+
+def _one_hot(labels: np.ndarray) -> bool:
+    """Whether float ``labels`` are one-hot rows (0 / 1, one 1 per row, on the last axis)."""
+    if labels.ndim < 2 or not np.issubdtype(labels.dtype, np.floating) or labels.shape[-1] < 2:
+        return False
+    return bool(np.isin(labels, (0.0, 1.0)).all() and (labels.sum(axis=-1) == 1).all())
 
 
 def class_table(class_weight: Mapping[int, float], y: Any) -> np.ndarray:
     """``class_weight`` as a lookup table over the labels' range (1 where not named)."""
     if not isinstance(class_weight, Mapping) or not class_weight:
         raise ConfigError(f"class_weight must be a non-empty dict {{class: weight}}, got {class_weight!r}")
-    labels = np.asarray(y)
-    if y is None or not np.issubdtype(labels.dtype, np.integer):
-        raise ConfigError("class_weight needs integer class labels y")
+    labels = np.asarray(y) if y is not None else None
+    if labels is not None and _one_hot(labels):  # Keras takes class_weight with one-hot targets too
+        labels = np.concatenate([np.argmax(labels, axis=-1).ravel(), [labels.shape[-1] - 1]])
+    if labels is None or not np.issubdtype(labels.dtype, np.integer):
+        raise ConfigError("class_weight needs class labels y: integers, or one-hot rows")
     for key, value in class_weight.items():
         if not isinstance(key, (int, np.integer)) or isinstance(key, bool) or key < 0:
             raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {key!r}")

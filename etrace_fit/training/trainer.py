@@ -680,6 +680,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if epoch == initial_epoch and step == 0:
                     check_batch_targets(self.loss_fn, batch.y)
                     self._check_first(xs, ys)
+                    if weights_by_class is not None and self._num_classes and len(weights_by_class) > self._num_classes:
+                        raise ConfigError(f"class_weight names class {len(weights_by_class) - 1}, but the model has "
+                                          f"{self._num_classes} outputs (classes 0..{self._num_classes - 1})")
                     if is_array:  # every label, not only the first batch's, before the first update
                         self._check_targets(y, "y")
                     if isinstance(validation, Arrays):

@@ -31,7 +31,7 @@ def _trainer(**kwargs):
     rng = np.random.default_rng(0)
     model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H),
                           L.LeakyRateReadout(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
-    return ef.Trainer(model, loss="sparse_categorical_crossentropy", metrics=["acc"], **kwargs)
+    return ef.Trainer(model, **{"loss": "sparse_categorical_crossentropy", "metrics": ["acc"], **kwargs})
 
 
 def _counting(x, y, batch_size, pulled, forever=False):
@@ -213,3 +213,21 @@ def test_a_keras_column_of_sample_weights_is_one_weight_per_sequence():
         fitted.append(jax.tree.leaves(other.get_weights()))
     for a, b in zip(*fitted):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_class_weight_with_one_hot_targets_and_a_class_the_model_does_not_have():
+    """Keras takes class_weight with one-hot targets; here it needed integer labels. A
+    class beyond the model's outputs was taken without a word."""
+    x, y = _data(16)
+    one_hot = np.eye(2, dtype=np.float32)[y]
+    fitted = []
+    for kwargs in (dict(class_weight={1: 3.0}), dict(sample_weight=np.where(y == 1, 3.0, 1.0).astype(np.float32))):
+        trainer = _trainer(loss="categorical_crossentropy", metrics=[])
+        trainer.fit(x, one_hot, batch_size=8, epochs=1, shuffle=False, verbose=0, **kwargs)
+        fitted.append(jax.tree.leaves(trainer.get_weights()))
+    for a, b in zip(*fitted):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    seen = _Batches()
+    with pytest.raises(ConfigError, match=r"class_weight names class 5, but the model has 2 outputs \(classes 0\.\.1\)"):
+        _trainer().fit(x, y, batch_size=8, verbose=0, class_weight={0: 1.0, 5: 2.0}, callbacks=[seen])
+    assert seen.train == 0
