@@ -102,6 +102,9 @@ def read_labels(path: pathlib.Path) -> np.ndarray:
         row = next(i for i, r in enumerate(rows) if len(r) != 3)
         raise DataError(f"{path}: row {row + 1} has {len(rows[row])} values, expected 3 "
                         f"(class,startTime_usec,endTime_usec)")
+    if not rows:
+        raise DataError(f"{path}: the header only, no gesture rows (class,startTime_usec,endTime_usec); every "
+                        f"recording's labels file lists its gestures")
     rows = np.array(rows, np.int64).reshape(-1, 3)
     bad = (rows[:, 0] < 1) | (rows[:, 0] > NUM_CLASSES) | (rows[:, 2] <= rows[:, 1])
     if bad.any():

@@ -46,7 +46,7 @@ def check_finite(x: Any, name: str = "x") -> None:
     bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1) if values.ndim else ~np.isfinite(values)
     if np.any(bad):
         first = int(np.argmax(bad))
-        raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data before training")
+        raise ShapeError(f"{name} contains NaN or inf (first in sample {first}); clean the data first")
 
 
 def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> np.ndarray:

@@ -153,6 +153,7 @@ def test_missing_files_name_the_layout_and_the_url(gesture_root):
     ("class,start,end\n1,0,10\n", r"expected the header 'class,startTime_usec,endTime_usec'"),
     ("class,startTime_usec,endTime_usec\n12,0,10\n", r"row 1 is \[12, 0, 10\]; expected a class in 1\.\.11"),
     ("class,startTime_usec,endTime_usec\n1,0,10\n2,5\n", r"row 2 has 2 values, expected 3"),
+    ("class,startTime_usec,endTime_usec\n", r"the header only, no gesture rows"),
 ])
 def test_a_bad_labels_file_names_the_file_and_what_was_expected(gesture_root, text, match):
     root, _ = gesture_root
