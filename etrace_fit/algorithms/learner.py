@@ -28,6 +28,7 @@ from ..compiler import ETraceGraph, compile_graph, format_path
 from ..compiler.module_info import module_info
 from ..distributed import Placement, batch_axes, resolve_mesh
 from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
+from ..ops import etp_op_info
 from .base import traced_pairs
 from .esd_rtrl import resolve_decay
 from .hybrid import Plan, make_plan, parse_bytes
@@ -294,12 +295,12 @@ class Learner:
                                    "was compiled with; compile it with an example of this shape")
         pairs = tuple(dataclasses.replace(p, readout_memory=q.readout_memory) for p, q in zip(pairs, self.plan.pairs))
         moved = {}  # the readout's equation (readout memory, e-prop's feedback) in the new step
-        weight_at = {r.eqn_index: r.weight_path for r in self.graph.relations}
-        index_of = {r.weight_path: r.eqn_index for r in graph.relations}
+        old_ops, new_ops = (_etp_equations(g) for g in (self.graph, graph))
         for field in ("readout", "feedback"):
             held = getattr(self.plan, field)
             if held is not None:
-                index = index_of.get(weight_at.get(held.readout))
+                at = old_ops.index(held.readout) if held.readout in old_ops else None
+                index = new_ops[at] if at is not None and len(new_ops) == len(old_ops) else None
                 if index is None:
                     raise CompilationError("the model's step reads its readout otherwise at this input than at the one "
                                            "it was compiled with; compile it with an example of this input")
@@ -537,6 +538,12 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     return Learner(model=model, graph=graph, plan=plan, algo=algo, alpha=alpha, trace_dtype=trace_dtype,
                    memory_budget=memory_budget, step_loss=step_loss, step_fn=step_fn,
                    placement=None if mesh is None else Placement(mesh))
+
+
+def _etp_equations(graph: ETraceGraph) -> list[int]:
+    """The indices of the step's ETP equations, in order: the same ops at any input
+    dtype (a cast is no ETP op), so the k-th here is the k-th in another trace."""
+    return [i for i, eqn in enumerate(graph.module.jaxpr.eqns) if etp_op_info(eqn.primitive) is not None]
 
 
 def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:
