@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import warnings
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -135,7 +136,9 @@ class Plan:
         lines.insert(1, "-+-".join("-" * w for w in widths))
         total = format_bytes(sum(self.trace_bytes()))
         if self.memory_budget is not None:
-            budget = f", budget {format_bytes(self.memory_budget)} per sample"
+            over = (", over it: ES-D-RTRL's traces are the floor" if self.hybrid
+                    and self.bytes_per_sample() > self.memory_budget else "")
+            budget = f", budget {format_bytes(self.memory_budget)} per sample{over}"
         else:
             budget = f", budget {format_bytes(DEFAULT_BUDGET_PER_SAMPLE)} per sample (default)" if self.hybrid else ""
         why = "".join(f"\n  {path}: " + "; ".join(reasons) for path, reasons in approximate.items())
@@ -262,5 +265,10 @@ def make_plan(
         for n in sorted(extra, key=lambda n: (is_approximate[n], extra[n], n)):
             if total + extra[n] <= limit:
                 rules[n], total = DRTRL(), total + extra[n]
+        if total > limit:
+            warnings.warn(f"memory_budget: {format_bytes(limit)} per sample is less than this model's smallest "
+                          f"traces, {format_bytes(total)} per sample with ES-D-RTRL wherever the hybrid chooses (the "
+                          f"floor): the traces take that; give at least {format_bytes(total)}, or another algo",
+                          UserWarning, stacklevel=3)
     return Plan(graph=graph, pairs=pairs, rules=tuple(rules), batch=batch, trace_dtype=trace_dtype,
                 memory_budget=budget, hybrid=bool(chosen), readout=readout)

@@ -157,6 +157,22 @@ class Learner:
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _notes: dict = dataclasses.field(default_factory=dict, repr=False)
     _caps: dict = dataclasses.field(default_factory=dict, repr=False)  # under_line's decisions
+    _attributes: dict = dataclasses.field(default_factory=dict, repr=False)  # the layers' settings compiled in
+
+    def __post_init__(self):
+        object.__setattr__(self, "_attributes", _attribute_snapshot(self.model))
+
+    def _check_attributes(self) -> None:
+        """A ``ConfigError`` when a layer setting compiled into the step (a threshold, a
+        time constant held as a number) changed since :func:`compile`: the programs
+        would go on with the old value, silently."""
+        now = _attribute_snapshot(self.model)
+        if now != self._attributes:
+            changed = next(k for k in (*self._attributes, *now) if self._attributes.get(k) != now.get(k))
+            raise ConfigError(f"{changed[0]}.{changed[1]} changed from {self._attributes.get(changed[0:2])!r} to "
+                              f"{now.get(changed[0:2])!r} since the model was compiled, and the compiled step holds "
+                              f"the old value; compile it again (ef.compile(model, ...); a Trainer does at every fit, "
+                              f"sequence_grad(model, ...) on its own)")
 
     @property
     def rules(self) -> dict[str, str]:
@@ -199,6 +215,7 @@ class Learner:
         per input shape; the plan's rules are reused at every batch size). ``max_chunk``:
         the online program's chunks take at most that many steps (``online.chunk_cap``;
         the same step and plan as without it)."""
+        self._check_attributes()
         step_loss = self.step_loss if step_loss is None else step_loss
         if not callable(step_loss):
             raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got "
@@ -354,6 +371,15 @@ class Learner:
         return LearnerState(placement.replicate(state.weights), placement.put_tree(state.states, state_axes),
                             placement.put_tree(state.traces, trace_axes), placement.replicate(state.t))
 
+    def _hidden_state_positions(self) -> list[int]:
+        """Positions in ``LearnerState.states`` of the hidden states' leaves (batch first):
+        not a dropout key's or running statistics', whose first axis is no batch."""
+        module = self.graph.module
+        offsets, weights_at = module.leaf_offsets, set(module.weight_leaf_positions)
+        others_at = [n for n in range(sum(len(s.in_vars) for s in module.states)) if n not in weights_at]
+        hidden = {offsets[s.path] + k for s in module.hidden for k in range(len(s.in_vars))}
+        return [i for i, n in enumerate(others_at) if n in hidden]
+
     def step(self, state: LearnerState, xs: Any, targets: Any, *, active: Any = None
              ) -> tuple[dict, jax.Array, LearnerState]:
         """One chunk of a stream: ``(grads, losses, next state)`` of time-major ``xs
@@ -367,8 +393,14 @@ class Learner:
         if not isinstance(state, LearnerState):
             raise ConfigError(f"learner.step takes the LearnerState of learner.init(batch_size), got "
                               f"{type(state).__name__}")
+        check_sequence(xs, targets, "learner.step")
+        missing = sorted({format_path(s.path) for s in self.graph.module.weights} - set(state.weights))
+        if missing:
+            raise ConfigError(f"learner.step: state.weights lacks {', '.join(missing)}; it holds "
+                              f"{', '.join(sorted(state.weights))} (learner.init gives every weight)")
         batch = jnp.shape(jax.tree.leaves(xs)[0])[1] if jnp.ndim(jax.tree.leaves(xs)[0]) > 1 else None
-        made_for = next((jnp.shape(leaf)[0] for leaf in state.states if jnp.ndim(leaf)), batch)
+        made_for = next((jnp.shape(state.states[n])[0] for n in self._hidden_state_positions()
+                         if n < len(state.states) and jnp.ndim(state.states[n])), batch)
         if batch != made_for:
             raise ShapeError(f"learner.step: xs has {batch} sequences per step but the state was made for {made_for} "
                              f"(learner.init({made_for})); xs is time-major (T, B, ...)")
@@ -400,6 +432,7 @@ class Learner:
 
     def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
         """``(grads, losses)`` of one sequence, as :func:`etrace_fit.sequence_grad`."""
+        check_sequence(xs, targets, "learner.grad")
         compiled = self.compiled(xs, targets)
         args = (compiled.weight_leaves(), compiled.module.state_leaves(), jax.tree.leaves(xs), targets)
         compiled, run = self.under_line(compiled, xs, targets, None, "grad", _run, args)
@@ -538,6 +571,43 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     return Learner(model=model, graph=graph, plan=plan, algo=algo, alpha=alpha, trace_dtype=trace_dtype,
                    memory_budget=memory_budget, step_loss=step_loss, step_fn=step_fn,
                    placement=None if mesh is None else Placement(mesh))
+
+
+def check_sequence(xs: Any, targets: Any, who: str) -> None:
+    """A ``ShapeError`` naming ``who`` unless ``xs`` is time-major ``(T, B, ...)`` with
+    ``T > 0`` and every target leaf has the same leading ``T`` and ``B``."""
+    xs_leaves = jax.tree.leaves(xs)
+    if not xs_leaves:
+        raise ShapeError(f"{who}: xs is empty; expected a time-major array (T, B, ...)")
+    length = jnp.shape(xs_leaves[0])[0] if jnp.ndim(xs_leaves[0]) else 0
+    for leaf in xs_leaves:
+        if jnp.ndim(leaf) < 2 or jnp.shape(leaf)[0] != length:
+            raise ShapeError(f"{who}: xs must be time-major (T, B, ...) with one T, got shapes "
+                             f"{[tuple(jnp.shape(x)) for x in xs_leaves]}")
+    if length == 0:
+        raise ShapeError(f"{who}: xs has no time steps (T = 0)")
+    batch = jnp.shape(xs_leaves[0])[1]
+    for leaf in jax.tree.leaves(targets):
+        if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != length:
+            raise ShapeError(f"{who}: targets must have the leading time axis T={length}, got shape "
+                             f"{tuple(jnp.shape(leaf))}")
+        if jnp.ndim(leaf) >= 2 and jnp.shape(leaf)[1] != batch:
+            raise ShapeError(f"{who}: targets must be time-major (T, B, ...) with B={batch} as xs, got shape "
+                             f"{tuple(jnp.shape(leaf))}")
+
+
+def _attribute_snapshot(model: Any) -> dict:
+    """``{(layer path, name): value}`` of every layer's public setting held as a plain
+    number, string or tuple of them: the values a traced step bakes in."""
+    plain = (bool, int, float, complex, str, type(None))
+    found = {}
+    for path, node in model.nodes().items():
+        for name, value in vars(node).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, plain) or (isinstance(value, tuple) and all(isinstance(v, plain) for v in value)):
+                found[(format_path(path) or type(model).__name__, name)] = value
+    return found
 
 
 def _etp_equations(graph: ETraceGraph) -> list[int]:

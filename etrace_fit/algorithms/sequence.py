@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import _compat
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
-from .learner import CompiledSequence, Learner, _check_batch_axis, _run, compile, warn_approximations
+from .learner import CompiledSequence, Learner, _check_batch_axis, _run, check_sequence, compile, warn_approximations
 from .registry import ONLINE_ALGOS, check_algo, sequence_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
@@ -53,24 +53,21 @@ def _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
     these options (compiled again when the model changed), after checking the inputs;
     ``stacklevel``: of the approximation warnings, for the public caller's caller."""
     if isinstance(model, Learner):
-        return model
-    check_algo(algo)
-    if not callable(step_loss):
+        given = {name: value for name, value in (("algo", None if algo == "hybrid" else algo), ("decay", decay),
+                                                 ("rank", rank), ("trace_dtype", trace_dtype),
+                                                 ("memory_budget", memory_budget)) if value is not None}
+        if given:
+            raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given with a compiled learner, "
+                              f"whose options were fixed by ef.compile ({model.algo!r}); pass the model to compile "
+                              f"it with these, or compile a learner with them")
+    else:
+        check_algo(algo)
+    if not callable(step_loss) and not (step_loss is None and isinstance(model, Learner)):
         raise ConfigError(f"step_loss must be a callable (output_t, target_t) -> scalar, got {type(step_loss).__name__}")
+    check_sequence(xs, targets, "sequence_grad")
     xs_leaves = jax.tree.leaves(xs)
-    if not xs_leaves:
-        raise ShapeError("sequence_grad: xs is empty; expected a time-major array (T, B, ...)")
-    length = jnp.shape(xs_leaves[0])[0] if jnp.ndim(xs_leaves[0]) else 0
-    for leaf in xs_leaves:
-        if jnp.ndim(leaf) < 2 or jnp.shape(leaf)[0] != length:
-            raise ShapeError(f"sequence_grad: xs must be time-major (T, B, ...) with one T, got shapes "
-                             f"{[tuple(jnp.shape(x)) for x in xs_leaves]}")
-    if length == 0:
-        raise ShapeError("sequence_grad: xs has no time steps (T = 0)")
-    for leaf in jax.tree.leaves(targets):
-        if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != length:
-            raise ShapeError(f"sequence_grad: targets must have the leading time axis T={length}, got shape "
-                             f"{tuple(jnp.shape(leaf))}")
+    if isinstance(model, Learner):  # the inputs checked as for a model
+        return model
     alpha, budget = resolve_decay(decay, rank), parse_bytes(memory_budget)
     key = (_algo_key(algo), alpha, str(trace_dtype), budget, plan_batch)
     learners = _LEARNERS.setdefault(model, {})

@@ -114,3 +114,69 @@ def test_compile_argument_errors():
         assert "layers.0.weight" in learner.report()
         with pytest.raises(ef.ConfigError, match="step_loss must be a callable"):
             learner.grad(jnp.zeros((3, B, I)), jnp.zeros((3, B, O)))
+
+
+def test_a_learner_whose_layer_setting_changed_refuses_to_serve_its_stale_program():
+    """learner.grad went on with the old threshold (4.2 away from BPTT's gradient),
+    silently, while sequence_grad(model) and the Trainer compiled again."""
+    case = Case(_lif, (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        learner.grad(case.xs, case.ys)
+        state = learner.init(B)
+        case.model.layers[1].v_threshold = 0.5
+        with pytest.raises(ef.ConfigError, match=r"layers\.1\.v_threshold changed from 1\.0 to 0\.5 since the model was "
+                                                 r"compiled, and the compiled step holds the old value; compile it again"):
+            learner.grad(case.xs, case.ys)
+        with pytest.raises(ef.ConfigError, match=r"layers\.1\.v_threshold changed"):
+            learner.step(state, case.xs, case.ys)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        fresh = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        grads, _ = fresh.grad(case.xs, case.ys)
+        expected, _ = reference_bptt(case.model, case.xs, case.ys, mse, B)
+    assert_grads_match(grads, expected, 1e-8)
+
+
+def test_learner_calls_check_their_inputs_and_options_as_sequence_grad_does():
+    case = Case(_lif, (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
+        state = learner.init(B)
+        for call, who in ((lambda xs, ys: learner.grad(xs, ys), "learner.grad"),
+                          (lambda xs, ys: learner.step(state, xs, ys), "learner.step"),
+                          (lambda xs, ys: ef.sequence_grad(learner, xs, ys, None), "sequence_grad")):
+            with pytest.raises(ef.ShapeError, match=rf"{who}: targets must have the leading time axis T={T}, got "
+                                                    rf"shape \(5, {B}, {O}\)"):
+                call(case.xs, case.ys[:5])
+            with pytest.raises(ef.ShapeError, match=rf"{who}: xs has no time steps \(T = 0\)"):
+                call(case.xs[:0], case.ys[:0])
+            with pytest.raises(ef.ShapeError, match=rf"{who}: targets must be time-major \(T, B, \.\.\.\) with B={B}"):
+                call(case.xs, case.ys[:, :1])
+        with pytest.raises(ef.ConfigError, match=r"algo='esd_rtrl' given with a compiled learner, whose options were "
+                                                 r"fixed by ef\.compile \('d_rtrl'\)"):
+            ef.sequence_grad(learner, case.xs, case.ys, None, algo="esd_rtrl")
+        weights = dict(state.weights)
+        weights.pop("layers.2.weight")
+        with pytest.raises(ef.ConfigError, match=r"learner\.step: state\.weights lacks layers\.2\.weight"):
+            learner.step(state._replace(weights=weights), case.xs, case.ys)
+
+
+@pytest.mark.parametrize("before", ["dropout", "batchnorm"])
+def test_learner_step_reads_the_batch_off_a_hidden_state_not_a_key_or_statistics(before):
+    """The batch check read the first state leaf with an axis: the dropout key (2,) or
+    the running statistics (N,) refused every batch of another size."""
+    with brainstate.environ.context(dt=1.0):
+        middle = L.Dropout(0.2) if before == "dropout" else L.BatchNorm1d(N)
+        model = ef.Sequential(L.Linear(I, N), middle, L.LIF(N), L.LeakyRateReadout(N, O))
+        brainstate.nn.init_all_states(model, batch_size=3)
+        xs, ys = jnp.ones((4, 3, I)), jnp.zeros((4, 3, O))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            learner = ef.compile(model, xs[0], mse, algo="d_rtrl")
+        grads, losses, _ = learner.step(learner.init(3), xs, ys)
+        assert losses.shape == (4,) and set(grads) == set(learner.init(3).weights)
+        with pytest.raises(ef.ShapeError, match=r"learner\.step: xs has 3 sequences per step but the state was made "
+                                                r"for 5 \(learner\.init\(5\)\)"):
+            learner.step(learner.init(5), xs, ys)
