@@ -126,8 +126,9 @@ def test_a_learner_whose_layer_setting_changed_refuses_to_serve_its_stale_progra
         learner.grad(case.xs, case.ys)
         state = learner.init(B)
         case.model.layers[1].v_threshold = 0.5
-        with pytest.raises(ef.ConfigError, match=r"layers\.1\.v_threshold changed from 1\.0 to 0\.5 since the model was "
-                                                 r"compiled, and the compiled step holds the old value; compile it again"):
+        with pytest.raises(ef.ConfigError, match=r"layers\.1\.v_threshold changed from 1\.0 to 0\.5 since the model "
+                                                 r"was compiled, and the compiled step holds the old value; compile it "
+                                                 r"again"):
             learner.grad(case.xs, case.ys)
         with pytest.raises(ef.ConfigError, match=r"layers\.1\.v_threshold changed"):
             learner.step(state, case.xs, case.ys)
