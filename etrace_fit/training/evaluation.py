@@ -51,7 +51,9 @@ class Evaluation:
         return self._forward_program().eval_shape(xs, False)[1]
 
     def _forward_program(self):
-        """The jitted forward pass over a sequence (built once)."""
+        """The jitted forward pass over a sequence (built once, and again after a layer
+        setting changed)."""
+        self._follow_settings()
         if self._forward is None:
             model = self._model
 
@@ -81,7 +83,9 @@ class Evaluation:
 
     def _eval_program(self):
         """The jitted evaluation step (built once): loss and metrics of a batch from
-        reset states (``carry``: from the carried ones)."""
+        reset states (``carry``: from the carried ones); built again after a layer
+        setting changed."""
+        self._follow_settings()
         if self._eval_step is None:
             self._eval_step = self._build_eval_step()
         return self._eval_step

@@ -29,7 +29,8 @@ import numpy as np
 import optax
 
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.learner import _check_batch_axis, _states_at, check_trace_dtype, compile as compile_learner
+from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, check_trace_dtype,
+                                  compile as compile_learner, layer_nodes)
 from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
@@ -255,6 +256,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._num_classes: int | None = None  # the model's outputs, known after the first batch
         self._norms_warned = False
         self._recorder = None
+        self._setting_nodes = layer_nodes(model)  # the layers, walked once: their settings are read per batch
+        self._settings = attribute_snapshot(model, self._setting_nodes)
         self._rates_at_start = None  # see _initial_rates
 
     # ------------------------------------------------------- the training state
@@ -572,12 +575,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 self.sample_input = self.sample_inputs[0]
                 self.sample_label = None if validation.y is None else _class_label(validation.y[0])
         self.stop_training = False
+        self._follow_settings()
         if self.learner is not None and not self.learner.is_current():
-            self.learner = None  # a layer attribute changed or states were recreated: compile again
-            self._checked.clear()
-            self._steps.clear()
-            self._resets.clear()
-            self._axes.clear()
+            self._drop_programs()  # states were recreated, or the step changed otherwise: compile again
         self._batch_programs.clear()  # re-checked against the model's states at every fit
         self._sized.clear()
         self._sync.refresh()
@@ -860,6 +860,23 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.last_gradients, self.last_trace_norms = result.gradients, result.trace_norms
         return result.loss, result.metrics, result.finite
 
+    def _follow_settings(self) -> None:
+        """Drop every compiled program when a layer setting they hold changed (a threshold
+        set between calls, or by a callback during ``fit``): the next call compiles them
+        anew. ``predict`` and ``evaluate`` served the old setting's programs before,
+        silently. ~30 µs a call on the demo's model."""
+        now = attribute_snapshot(self._model, self._setting_nodes)
+        if now != self._settings:
+            self._settings = now
+            self._drop_programs()
+
+    def _drop_programs(self) -> None:
+        """Forget the compiled learner and every program built from it or the model."""
+        self.learner = None
+        for cache in (self._checked, self._steps, self._resets, self._axes, self._batch_programs, self._sized):
+            cache.clear()
+        self._forward = self._eval_step = self._recorder = None
+
     def _step_call(self, xs, ys, weight, metric_weight=None, stream: bool | None = None):
         """``(compiled, jitted step, args, keyword args)`` of the training step on this
         batch from the training state (the optimizer state is created on the first
@@ -869,6 +886,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             metric_weight = None if metric_weight is weight else metric_weight
             xs, ys, weight = (self._placement.from_local(a, 1) for a in (xs, ys, weight))
             metric_weight = weight if metric_weight is None else self._placement.from_local(metric_weight, 1)
+        self._follow_settings()
         compiled, step, reset = self._batch_program(xs, ys, weight)
         state = self._state
         if self._model_touched or state is None or state.states is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -181,3 +182,37 @@ def test_learner_step_reads_the_batch_off_a_hidden_state_not_a_key_or_statistics
         with pytest.raises(ef.ShapeError, match=r"learner\.step: xs has 3 sequences per step but the state was made "
                                                 r"for 5 \(learner\.init\(5\)\)"):
             learner.step(learner.init(5), xs, ys)
+
+
+def test_the_trainer_follows_a_changed_layer_setting_in_every_call():
+    """predict and evaluate served the old threshold's programs after it changed: the
+    same outputs, silently. A callback that anneals the threshold during fit is followed
+    from the next batch."""
+    rng = np.random.default_rng(0)
+    x, y = (rng.random((8, 10, I)) < 0.4).astype(np.float32), rng.integers(0, O, 8)
+    with brainstate.environ.context(dt=1.0):
+        model = _lif()
+        trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1))
+        before = (trainer.predict(x, verbose=0), trainer.evaluate(x, y, verbose=0)["loss"])
+        model.layers[1].v_threshold = 0.3
+        after = (trainer.predict(x, verbose=0), trainer.evaluate(x, y, verbose=0)["loss"])
+        fresh = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1))
+        np.testing.assert_array_equal(after[0], fresh.predict(x, verbose=0))
+        assert after[1] == fresh.evaluate(x, y, verbose=0)["loss"] and after[1] != before[1]
+        assert not np.allclose(after[0], before[0])
+        # Annealed by a callback before the second batch: the same as setting it between two fits.
+        annealed = ef.Trainer(_lif(), algo="d_rtrl", optimizer=optax.sgd(0.1))
+        anneal = ef.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: setattr(
+            annealed.model.layers[1], "v_threshold", 0.3) if batch == 1 else None)
+        annealed.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[anneal])
+        twice_model = _lif()  # SGD keeps no state: a new trainer (a fresh compile) per batch is the reference
+        ef.Trainer(twice_model, algo="d_rtrl", optimizer=optax.sgd(0.1)).train_on_batch(x[:4], y[:4])
+        twice_model.layers[1].v_threshold = 0.3
+        twice = ef.Trainer(twice_model, algo="d_rtrl", optimizer=optax.sgd(0.1))
+        twice.train_on_batch(x[4:], y[4:])
+        never = ef.Trainer(_lif(), algo="d_rtrl", optimizer=optax.sgd(0.1))
+        never.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(jax.tree.leaves(annealed.get_weights()), jax.tree.leaves(twice.get_weights())):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    assert not all(np.allclose(np.asarray(a), np.asarray(b)) for a, b in
+                   zip(jax.tree.leaves(annealed.get_weights()), jax.tree.leaves(never.get_weights())))
