@@ -577,7 +577,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
 
 def check_sequence(xs: Any, targets: Any, who: str) -> None:
     """A ``ShapeError`` naming ``who`` unless ``xs`` is time-major ``(T, B, ...)`` with
-    ``T > 0`` and every target leaf has the same leading ``T`` and ``B``."""
+    ``T > 0`` and every target leaf has the same leading ``T``."""
     xs_leaves = jax.tree.leaves(xs)
     if not xs_leaves:
         raise ShapeError(f"{who}: xs is empty; expected a time-major array (T, B, ...)")
@@ -588,13 +588,9 @@ def check_sequence(xs: Any, targets: Any, who: str) -> None:
                              f"{[tuple(jnp.shape(x)) for x in xs_leaves]}")
     if length == 0:
         raise ShapeError(f"{who}: xs has no time steps (T = 0)")
-    batch = jnp.shape(xs_leaves[0])[1]
-    for leaf in jax.tree.leaves(targets):
+    for leaf in jax.tree.leaves(targets):  # (T, ...): per-step values without a batch axis are targets too
         if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != length:
             raise ShapeError(f"{who}: targets must have the leading time axis T={length}, got shape "
-                             f"{tuple(jnp.shape(leaf))}")
-        if jnp.ndim(leaf) >= 2 and jnp.shape(leaf)[1] != batch:
-            raise ShapeError(f"{who}: targets must be time-major (T, B, ...) with B={batch} as xs, got shape "
                              f"{tuple(jnp.shape(leaf))}")
 
 

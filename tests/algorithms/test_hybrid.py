@@ -194,12 +194,14 @@ def test_a_budget_that_fits_the_d_rtrl_trace_moves_the_dense_weight_to_d_rtrl():
     assert rules_by_weight(big_plan(memory_budget="1GiB"))["layers.0.weight"] == "d_rtrl"
     forced = big_plan({"layers.0.*": "esd_rtrl"}, memory_budget="1GiB")
     assert rules_by_weight(forced)["layers.0.weight"] == "esd_rtrl"
-    with pytest.warns(UserWarning, match=r"memory_budget: 0 B per sample is less than this model's smallest "
+    assert sum(big_plan(memory_budget=0).trace_bytes()) == esd_dense + tau
+    # A budget under that floor (1 B: a plan not made before, programs are kept per budget) says so.
+    with pytest.warns(UserWarning, match=r"memory_budget: 1 B per sample is less than this model's smallest "
                                          r"traces, 3.0 KiB per sample with ES-D-RTRL wherever the hybrid chooses "
                                          r"\(the floor\)"):
-        floor = big_plan(memory_budget=0)
+        floor = big_plan(memory_budget=1)
     assert sum(floor.trace_bytes()) == esd_dense + tau
-    assert "per sample, budget 0 B per sample, over it: ES-D-RTRL's traces are the floor" in floor.report()
+    assert "per sample, budget 1 B per sample, over it: ES-D-RTRL's traces are the floor" in floor.report()
 
 
 def test_the_budget_is_spent_on_the_cheapest_move_first():
