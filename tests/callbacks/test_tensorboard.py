@@ -11,7 +11,6 @@ import warnings
 
 import brainstate
 import numpy as np
-import optax
 import pytest
 
 import etrace_fit as ef
