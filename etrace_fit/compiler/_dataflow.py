@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
 from jax import lax
 
 from .. import _compat
 from ..ops import etp_op_info
 
-__all__ = ["cut_step", "is_boundary", "is_elementwise", "is_etp"]
+__all__ = ["carries_derivative", "cut_step", "is_boundary", "is_elementwise", "is_etp", "reached"]
 
 # Primitives that act on each unit on its own (broadcasting a per-unit value over the
 # batch included), so a dependency through them stays within a unit.
@@ -20,6 +21,22 @@ _ELEMENTWISE = frozenset(
     nextafter not or pow real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square
     stop_gradient sub tan tanh xor""".split()
 )
+
+
+def reached(jaxpr: Any, starts: Any, after: int = -1) -> set:
+    """Every variable computed (through any equation after index ``after``) from
+    ``starts``, the starts included."""
+    found = set(starts)
+    for index, eqn in enumerate(jaxpr.eqns):
+        if index > after and any(not isinstance(v, _compat.Literal) and v in found for v in eqn.invars):
+            found.update(eqn.outvars)
+    return found
+
+
+def carries_derivative(var: Any) -> bool:
+    """Whether a derivative can flow through ``var``: a float, not an int or a bool (a
+    comparison's result, a cond's branch index)."""
+    return jnp.issubdtype(var.aval.dtype, jnp.inexact)
 
 
 def is_etp(eqn: Any) -> bool:

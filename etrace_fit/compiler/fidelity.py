@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import jax.numpy as jnp
-
 from .. import _compat
 from ..ops import etp_op_info
-from ._dataflow import is_boundary, is_elementwise
+from ._dataflow import carries_derivative, is_boundary, is_elementwise, reached
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
 from .hidden_groups import HiddenGroup
 from .module_info import ModuleInfo
@@ -32,11 +30,7 @@ UNTRACED_USE = "untraced_use"
 
 def _reached(module: ModuleInfo, starts: Iterable[Any], after: int = -1) -> set:
     """Every variable computed (through any op) from ``starts`` by equations after ``after``."""
-    reached = set(starts)
-    for index, eqn in enumerate(module.jaxpr.eqns):
-        if index > after and any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
-            reached.update(eqn.outvars)
-    return reached
+    return reached(module.jaxpr, starts, after)
 
 
 def approximations(
@@ -118,15 +112,10 @@ def _mixing_ops(module: ModuleInfo, start: int, targets: set) -> list[str]:
             continue
         # Only float operands carry a derivative: a cond's branch index or a comparison's
         # bool (a switch on the mean input) is no path for the gradient.
-        backward.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and _differentiable(v))
+        backward.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and carries_derivative(v))
         if not is_elementwise(eqn) and eqn.primitive.name not in mixers:
             mixers.append(eqn.primitive.name)
     return mixers[::-1]
-
-
-def _differentiable(var: Any) -> bool:
-    """Whether a derivative can flow through ``var`` (a float, not an int or bool)."""
-    return jnp.issubdtype(var.aval.dtype, jnp.inexact)
 
 
 def _record(relation: Relation, reason: str, message: str, groups: tuple[int, ...] = ()) -> Diagnostic:

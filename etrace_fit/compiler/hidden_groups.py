@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from ..errors import CompilationError
-from ._dataflow import cut_step, is_boundary, is_elementwise
+from ._dataflow import carries_derivative, cut_step, is_boundary, is_elementwise
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
 from .module_info import ModuleInfo
 
@@ -72,7 +72,7 @@ def _dependencies(module: ModuleInfo) -> dict[Any, dict[int, bool]]:
                 merged[k] = merged.get(k, True) and flag and elementwise
         if merged:
             for var in eqn.outvars:  # an int or bool carries no derivative: whatever mixed before it is moot
-                deps[var] = merged if jnp.issubdtype(var.aval.dtype, jnp.inexact) else dict.fromkeys(merged, True)
+                deps[var] = merged if carries_derivative(var) else dict.fromkeys(merged, True)
     return deps
 
 

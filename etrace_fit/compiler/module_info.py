@@ -20,7 +20,7 @@ import saiunit as u
 from .. import _compat
 from ..errors import CompilationError
 from ..ops import is_etp_primitive
-from ._dataflow import is_elementwise
+from ._dataflow import carries_derivative, is_elementwise, reached
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 
 __all__ = ["ModuleInfo", "StateInfo", "module_info"]
@@ -172,7 +172,8 @@ def _check_custom_vjp(eqn: Any, invals: list) -> None:
     floats = [v for v in invals if jnp.issubdtype(jnp.result_type(v), jnp.inexact)]
     problem = None
     if not all(jnp.issubdtype(a.dtype, jnp.inexact) and a.shape == outs[0].shape for a in outs):
-        problem = f"its outputs are {', '.join(f'{a.dtype}{list(a.shape)}' for a in outs)}, not float arrays of one shape"
+        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in outs)
+        problem = f"its outputs are {shapes}, not float arrays of one shape"
     elif any(jnp.shape(v) != outs[0].shape for v in floats):
         shapes = ", ".join(str(list(jnp.shape(v))) for v in floats)
         problem = (f"its float inputs have shapes {shapes} and its output {list(outs[0].shape)}: a broadcast "
@@ -314,20 +315,12 @@ def _plain_memory(state: Any, in_vars: Sequence, out_vars: Sequence, jaxpr: Any)
     depend on all its inputs: conservative inside nested ones)."""
     if isinstance(state, (brainstate.LongTermState, brainstate.HiddenState, brainstate.random.RandomState)):
         return False
-    if not in_vars or not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in in_vars):
+    if not in_vars or not all(map(carries_derivative, in_vars)):
         return False
     own = set(in_vars)
-    others = {v for v in jaxpr.invars if v not in own and jnp.issubdtype(v.aval.dtype, jnp.inexact)}
-    return _reaches(own, out_vars, jaxpr) and _reaches(others, out_vars, jaxpr)
-
-
-def _reaches(sources: set, targets: Sequence, jaxpr: Any) -> bool:
-    """Whether any of ``targets`` depends on any of ``sources`` in ``jaxpr``."""
-    reached = set(sources)
-    for eqn in jaxpr.eqns:
-        if any(not isinstance(v, _compat.Literal) and v in reached for v in eqn.invars):
-            reached.update(eqn.outvars)
-    return any(not isinstance(v, _compat.Literal) and v in reached for v in targets)
+    others = {v for v in jaxpr.invars if v not in own and carries_derivative(v)}
+    return all(reached(jaxpr, sources).intersection(v for v in out_vars if not isinstance(v, _compat.Literal))
+               for sources in (own, others))
 
 
 def _check_hidden_consistent(path: tuple, old_value: Any, new_shape: Any) -> None:
