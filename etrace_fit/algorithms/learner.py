@@ -206,7 +206,7 @@ class Learner:
         example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
         example = jax.tree.unflatten(graph.module.input_treedef, [jnp.zeros(e.shape, e.dtype) for e in example])
         try:
-            now = module_info(self.model, *example, step_fn=self.step_fn)
+            now = module_info(self.model, *example, step_fn=self.step_fn, online=self.plan is not None)
         except Exception:  # the model no longer takes these inputs
             return False
         return str(now.closed_jaxpr) == str(graph.module.closed_jaxpr)
@@ -233,7 +233,8 @@ class Learner:
             else:
                 _check_batch_axis(self.model, jax.tree.leaves(xs))
                 example = jax.tree.map(lambda x: x[0], xs)
-                graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn)
+                graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn,
+                                      online=self.plan is not None)
             if self.plan is None:
                 plan, program = None, sequence_algo(self.algo).build(graph, step_loss)
             else:
@@ -561,7 +562,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     if step_fn is not None and not callable(step_fn):
         raise ConfigError(f"step_fn must be a callable (*inputs) -> outputs that calls the model, got "
                           f"{type(step_fn).__name__}")
-    graph = compile_graph(model, *_example_args(example), step_fn=step_fn)
+    graph = compile_graph(model, *_example_args(example), step_fn=step_fn, online=sequence_algo(algo) is None)
     plan = None
     if sequence_algo(algo) is None:
         group = graph.hidden_groups[0]

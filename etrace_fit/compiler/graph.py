@@ -87,6 +87,8 @@ class ETraceGraph:
         lines.append("hidden groups:")
         for group in self.hidden_groups:
             lines.append(f"  {group.index}: {group.name}  S={group.num_states}  shape={group.shape}")
+        if not self.hidden_groups:  # compiled for BPTT (online=False): why there are none
+            lines.extend(f"  {d.message}" for d in self.diagnostics if d.message.startswith(_NO_GROUPS))
         notes = [d for d in self.diagnostics if d.level >= Level.WARNING and d not in resolved]
         if notes:
             lines.append("")
@@ -121,6 +123,9 @@ class ETraceGraph:
         return "\n".join(sentences)
 
 
+_NO_GROUPS = "none"
+
+
 def _size(module: ModuleInfo, path: tuple) -> int:
     import math
 
@@ -128,7 +133,7 @@ def _size(module: ModuleInfo, path: tuple) -> int:
     return sum(math.prod(v.aval.shape) for v in state.in_vars)
 
 
-def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None) -> ETraceGraph:
+def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online: bool = True) -> ETraceGraph:
     """Compile one time step of ``model`` into an :class:`ETraceGraph`.
 
     Args:
@@ -137,6 +142,10 @@ def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None) -> ETra
         example_inputs: one time step's inputs, e.g. ``x: (B, features)``.
         step_fn: traced instead of ``model(*example_inputs)`` when given (see
             :func:`~etrace_fit.compiler.module_info.module_info`).
+        online: ``False`` compiles for BPTT, which needs no traces: ``custom_vjp``
+            functions stay as written, memory in a plain ``State`` is allowed, and
+            hidden states that cannot form groups (of two shapes) leave the graph
+            without groups instead of raising.
 
     Raises:
         CompilationError: the model has no hidden state, writes a weight in its step,
@@ -148,10 +157,21 @@ def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None) -> ETra
         graph = compile_graph(model, jnp.zeros((32, 40)))
         print(graph.report()); print(graph.explain("layers.0.weight"))
     """
-    module = module_info(model, *example_inputs, step_fn=step_fn)
-    groups, group_records = hidden_groups(module)
-    found, relation_records = relations(module, groups)
-    diagnostics = (*module.diagnostics, *group_records, *relation_records, *approximations(module, groups, found))
+    module = module_info(model, *example_inputs, step_fn=step_fn, online=online)
+    try:
+        groups, group_records = hidden_groups(module)
+    except CompilationError as error:
+        if online:
+            raise
+        # BPTT carries every state and needs no hidden groups: states the online rules
+        # could not group (a delay buffer beside its membrane) are only reported
+        groups, found = (), ()
+        diagnostics = (*module.diagnostics, Diagnostic(
+            DiagnosticKind.STATE_MISMATCH, f"{_NO_GROUPS} (BPTT needs none): {error}", level=Level.INFO))
+    else:
+        found, relation_records = relations(module, groups)
+        diagnostics = (*module.diagnostics, *group_records, *relation_records,
+                       *approximations(module, groups, found))
     errors = [d for d in diagnostics if d.level >= Level.ERROR]
     if errors:
         raise CompilationError("; ".join(str(d) for d in errors))

@@ -132,7 +132,8 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
                     f"hidden states {listing} update each other per unit but differ in shape, so they "
                     f"cannot form one hidden group; give them one shape: a buffer with an axis more (a delay "
                     f"line of D taps, shape (batch, units, D)) as D hidden states of the units' shape, one per "
-                    f"tap, each written from the one before (D-RTRL follows such a line exactly)"
+                    f"tap, each written from the one before (D-RTRL follows such a line exactly); algo='bptt' takes "
+                    f"the states as they are"
                 )
             if aval.dtype != first.dtype:
                 listing = ", ".join(f"{hidden[j].name} {a.dtype}" for j, a in zip(ks, avals))

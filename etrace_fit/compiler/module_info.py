@@ -130,16 +130,16 @@ def _leaf_names(value: Any) -> tuple[str, ...]:
     return names or ("",)
 
 
-def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
-    """The same computation with nested ``jit`` calls inlined, and each ``custom_vjp``
-    function (a surrogate spike written as PyTorch users write theirs) made one that
-    forward mode goes through (:func:`_compat.custom_vjp_as_jvp`); names of the ETP
-    primitives that were inside nested jits."""
+def _inline_nested_jit(closed: Any, online: bool = True) -> tuple[Any, list[str]]:
+    """The same computation with nested ``jit`` calls inlined, and (``online``) each
+    ``custom_vjp`` function (a surrogate spike written as PyTorch users write theirs)
+    made one that forward mode goes through (:func:`_compat.custom_vjp_as_jvp`); names
+    of the ETP primitives that were inside nested jits."""
     inlined: list[str] = []
 
     def visit(jaxpr, consts, args):
         def override(index, eqn, invals):
-            if _compat.is_custom_vjp_call(eqn):
+            if online and _compat.is_custom_vjp_call(eqn):
                 _check_custom_vjp(eqn, invals)
                 return _compat.custom_vjp_as_jvp(eqn, invals)
             if not _compat.is_nested_jit(eqn):
@@ -151,7 +151,7 @@ def _inline_nested_jit(closed: Any) -> tuple[Any, list[str]]:
         return _compat.interpret(jaxpr, consts, args, override=override)
 
     def rewritten(eqn):
-        return _compat.is_custom_vjp_call(eqn) or (_compat.is_nested_jit(eqn) and any(
+        return (online and _compat.is_custom_vjp_call(eqn)) or (_compat.is_nested_jit(eqn) and any(
             map(rewritten, _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)))
 
     if not any(_compat.is_nested_jit(eqn) or rewritten(eqn) for eqn in closed.jaxpr.eqns):
@@ -190,15 +190,17 @@ def _check_custom_vjp(eqn: Any, invals: list) -> None:
             f"the step calls the jax.custom_vjp function {name}, and {problem}. The online rules need forward-mode "
             f"derivatives, which JAX does not give for a custom_vjp function; an elementwise one (a surrogate spike "
             f"of the membrane) is taken as is. Write this one with jax.custom_jvp, or use an ef.layers.Surrogate "
-            f"(docs/neurons.md)")
+            f"(docs/neurons.md); algo='bptt' takes it as written")
 
 
-def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> ModuleInfo:
+def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: bool = True) -> ModuleInfo:
     """Trace one step ``model(*example_inputs)`` and map its jaxpr to the model's states.
 
     ``step_fn``: the function traced instead of ``model`` (it calls the model and may
     return more outputs, e.g. a layer's spikes for a loss on them); the states are
-    still named by their path in ``model``.
+    still named by their path in ``model``. ``online=False`` (for BPTT, which carries
+    every state and differentiates in reverse mode): ``custom_vjp`` functions are kept
+    as written and memory in a plain ``State`` is allowed.
 
     Raises:
         CompilationError: the step writes a ``ParamState``, a hidden state's unit,
@@ -227,7 +229,7 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> Module
     written = {id(state) for state in function.get_write_states_by_cache(key)}
     out_shapes, new_state_shapes = function.get_out_shapes_by_cache(key)
 
-    closed, inlined = _inline_nested_jit(raw)
+    closed, inlined = _inline_nested_jit(raw, online)
     jaxpr = closed.jaxpr
     num_inputs = len(jax.tree.leaves(example_inputs))
     num_outputs = len(jax.tree.leaves(out_shapes))
@@ -269,14 +271,15 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None) -> Module
                 ))
         else:
             kind = OTHER
-            if is_written and _plain_memory(state, in_vars, out_vars, jaxpr):
+            if online and is_written and _plain_memory(state, in_vars, out_vars, jaxpr):
                 raise CompilationError(
                     f"{type(state).__name__} {format_path(path)} is carried from step to step (the step writes it "
                     f"from its previous value), but it is not a brainstate.HiddenState: the online rules follow "
                     f"hidden states only, so its memory would get no gradient through time, silently. Declare it "
                     f"as brainstate.HiddenState (memory within a sequence, reset by reset_state; "
                     f"ef.layers.Neuron's self.hidden(...) does this), or as brainstate.LongTermState if it is "
-                    f"carried across batches without a gradient (running statistics)"
+                    f"carried across batches without a gradient (running statistics); algo='bptt' "
+                    f"takes it as it is"
                 )
             if isinstance(state, brainstate.HiddenState):
                 diagnostics.append(Diagnostic(
