@@ -231,7 +231,8 @@ class Arrays:
 
 def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
     """Time-major arrays ``x (T, N, ...)``, per-step ``y (T, N, ...)`` or per-sequence
-    ``y (N, ...)``, and ``(T, N)`` weights or masks (or ``(N,)``) as batch-major views;
+    ``y (N, ...)``, and ``(T, N)`` weights or masks (or ``(N,)``, or Keras' ``(N, 1)``
+    column) as batch-major views;
     a ``y`` that fits neither reading is an error saying which layout was assumed."""
     if np.ndim(x) < 3:
         raise ShapeError(f"{name} must be (time, batch, features) with time_major=True, got shape {tuple(np.shape(x))}")
@@ -247,7 +248,9 @@ def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
                              f"batch={size}, ...), but y has shape {tuple(shape)}; expected ({size}, ...) per "
                              f"sequence or ({steps}, {size}, ...) per step{hint}")
     if weights is not None and np.ndim(weights) == 2:
-        weights = swap(weights)
+        # Keras' (N, 1) column is one weight per sequence; (T, N) weights are per step
+        keras_column = np.shape(weights) == (size, 1) and size != 1
+        weights = np.asarray(weights)[:, 0] if keras_column else swap(weights)
     return swap(x), y, weights
 
 

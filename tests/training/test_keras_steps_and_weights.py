@@ -200,15 +200,20 @@ def test_numpy_ints_are_taken_where_ints_are():
     assert model.layers[0].out_size == (H,) and type(model.layers[1].hidden_size) is int
 
 
-def test_a_keras_column_of_sample_weights_is_one_weight_per_sequence():
+@pytest.mark.parametrize("time_major", [False, True])
+def test_a_keras_column_of_sample_weights_is_one_weight_per_sequence(time_major):
+    """Also with ``time_major=True`` (x ``(T, N, C)``), where the ``(N, 1)`` column was
+    swapped as ``(T, N)`` step weights are and refused as one weight for N samples."""
     x, y = _data(16)
+    if time_major:
+        x = np.swapaxes(x, 0, 1)
     weights = np.linspace(0.0, 2.0, 16).astype(np.float32)
-    trainer = _trainer()
+    trainer = _trainer(time_major=time_major)
     assert trainer.evaluate(x, y, verbose=0, sample_weight=weights[:, None])["loss"] == pytest.approx(
         trainer.evaluate(x, y, verbose=0, sample_weight=weights)["loss"])
     fitted = []
     for given in (weights, weights[:, None]):
-        other = _trainer()
+        other = _trainer(time_major=time_major)
         other.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, sample_weight=given)
         fitted.append(jax.tree.leaves(other.get_weights()))
     for a, b in zip(*fitted):
