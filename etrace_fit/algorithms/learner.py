@@ -202,6 +202,8 @@ class Learner:
         """Whether the model still compiles to the same step (no layer attribute such as
         a threshold changed); if not, compile it again. (Recreated states — a new
         ``init_all_states`` — are picked up by :meth:`compiled` on its own.)"""
+        if attribute_snapshot(self.model, self._nodes) != self._attributes:  # a setting or brainstate.environ
+            return False
         graph = self.graph
         example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
         example = jax.tree.unflatten(graph.module.input_treedef, [jnp.zeros(e.shape, e.dtype) for e in example])
@@ -606,9 +608,12 @@ _PLAIN = (bool, int, float, complex, str, type(None))
 
 def attribute_snapshot(model: Any, nodes: list | None = None) -> dict:
     """``{(layer path, name): value}`` of every layer's public setting held as a plain
-    number, string or tuple of them: the values a traced step bakes in. ``nodes``:
-    :func:`layer_nodes`' list, if kept."""
-    found = {}
+    number, string or tuple of them, and ``{("brainstate.environ", name): value}`` of the
+    environment's (``dt``, ``precision``; but ``fit``, which the library sets while it
+    traces): the values a traced step bakes in. ``nodes``: :func:`layer_nodes`' list,
+    if kept."""
+    found = {("brainstate.environ", name): value for name, value in brainstate.environ.all().items()
+             if name != "fit" and isinstance(value, _PLAIN)}
     for path, node in layer_nodes(model) if nodes is None else nodes:
         for name, value in vars(node).items():
             if name.startswith("_"):

@@ -15,7 +15,7 @@ import pytest
 import etrace_fit as ef
 from etrace_fit import layers as L
 
-from ._helpers import B, I, N, O, T, Case, assert_grads_match, lin, mse, reference_bptt
+from ._helpers import B, I, N, O, T, Case, assert_grads_match, leaves_by_name, lin, mse, reference_bptt, to_host
 
 
 def _lif():
@@ -180,6 +180,37 @@ def test_learner_step_reads_the_batch_off_a_hidden_state_not_a_key_or_statistics
         with pytest.raises(ef.ShapeError, match=r"learner\.step: xs has 3 sequences per step but the state was made "
                                                 r"for 5 \(learner\.init\(5\)\)"):
             learner.step(learner.init(5), xs, ys)
+
+
+def test_a_changed_time_step_is_followed_like_a_layer_setting():
+    """``brainstate.environ.set(dt=...)`` after a Trainer or learner compiled: the LIF's
+    decay is baked into their programs, and predict served the old dt's outputs,
+    silently. The Trainer compiles again, a held learner refuses, ``sequence_grad``
+    compiles again."""
+    rng = np.random.default_rng(0)
+    x = (rng.random((8, 10, I)) < 0.4).astype(np.float32)
+    with brainstate.environ.context(dt=1.0):
+        model = _lif()
+        trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1))
+        before = trainer.predict(x, verbose=0)
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = jnp.asarray(x[:B].swapaxes(0, 1)), jnp.zeros((10, B, O))
+        learner = ef.compile(model, xs[0], mse, algo="d_rtrl")
+        grads_1, _ = ef.sequence_grad(model, xs, ys, mse, algo="d_rtrl")
+        with brainstate.environ.context(dt=0.5):
+            after = trainer.predict(x, verbose=0)
+            fresh = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1)).predict(x, verbose=0)
+            brainstate.nn.init_all_states(model, batch_size=B)
+            with pytest.raises(ef.ConfigError, match=r"brainstate\.environ\.dt changed from 1\.0 to 0\.5 since the "
+                                                     r"model was compiled"):
+                learner.grad(xs, ys)
+            grads_half, _ = ef.sequence_grad(model, xs, ys, mse, algo="d_rtrl")
+            expected, _ = reference_bptt(model, xs, ys, mse, B)
+    np.testing.assert_array_equal(after, fresh)
+    assert not np.allclose(after, before)
+    assert_grads_match(to_host(grads_half), expected, 1e-4)
+    assert not np.allclose(leaves_by_name(to_host(grads_1))["layers.0.weight['weight']"],
+                           leaves_by_name(expected)["layers.0.weight['weight']"])
 
 
 def test_the_trainer_follows_a_changed_layer_setting_in_every_call():
