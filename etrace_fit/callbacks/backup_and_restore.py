@@ -37,7 +37,9 @@ class BackupAndRestore(Callback):
       training, and stay as they are: training from scratch would rotate them out.
 
     The backups are deleted when ``fit`` returns (all its epochs done, or stopped by
-    ``EarlyStopping``: the run is finished, as in Keras) — except after an epoch whose
+    ``EarlyStopping``: the run is finished, as in Keras; a backup records the stop, so
+    a run killed before the deletion, or kept with ``delete_on_finish=False``, trains
+    no further epoch when started again) — except after an epoch whose
     loss was not finite (``TerminateOnNaN``, or every batch skipped): that run resumes
     from its last finite epoch. An interrupted ``fit`` (an exception, Ctrl-C) keeps them.
 
@@ -76,8 +78,17 @@ class BackupAndRestore(Callback):
                 warnings.warn(f"BackupAndRestore: the {label} backup is unusable ({error}); trying an older one")
         return sorted(found, reverse=True)
 
+    def state_dict(self) -> dict:
+        """Whether the backed-up epoch ended the run (``EarlyStopping``): a resumed run
+        that was stopped trains no further epoch."""
+        return {"stopped": bool(getattr(self.model, "stop_training", False))}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._stopped = bool(state.get("stopped", False))
+
     def on_train_begin(self, logs=None):
         self._unfinished = False  # the last epoch ended with a non-finite loss: keep the backups
+        self._stopped = False
         if is_main_process():  # multi-host: every process restores, process 0 alone writes
             writable_folder(self.backup_dir, "BackupAndRestore")
             remove_temporaries(self.backup_dir)
@@ -93,6 +104,8 @@ class BackupAndRestore(Callback):
                 warnings.warn(f"BackupAndRestore: resuming from the {label} backup; newer ones do not fit this "
                               f"trainer: {'; '.join(refused)}")
             self.model.resume_epoch = manifest["epoch"] + 1
+            if self._stopped:  # EarlyStopping ended the run at that epoch: it is finished
+                self.model.resume_epoch = max(self.model.resume_epoch, int(self.params.get("epochs", 0)))
             return
         if refused:  # a run's backups that do not fit this trainer: never trained over, never rotated out
             older = f" (and {len(refused) - 1} older one(s) alike)" if len(refused) > 1 else ""

@@ -279,7 +279,11 @@ class Monitor:
         if mode == "auto":
             mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
         self.owner, self.key, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
-        self.best = float("inf") if mode == "min" else float("-inf")
+        self.reset()
+
+    def reset(self) -> None:
+        """No best value yet."""
+        self.best = float("inf") if self.mode == "min" else float("-inf")
 
     def check(self, trainer: Any, callbacks: Iterable[Callback], what: str = "monitor") -> None:
         """Before training: :class:`~etrace_fit.ConfigError` if ``fit`` will never log the
@@ -354,6 +358,11 @@ class MonitoredCallback(Callback):
         """The fit's other callbacks."""
         callbacks = getattr(getattr(self.model, "_callbacks", None), "callbacks", ())
         return [c for c in callbacks if c is not self]
+
+    def _new_run(self) -> bool:
+        """At ``on_train_begin``: whether this ``fit`` starts a run (no ``BackupAndRestore``
+        restored one; restorers run first and set ``resume_epoch``)."""
+        return getattr(self.model, "resume_epoch", None) is None
 
     def _current(self, epoch: int, logs: dict | None) -> float | None:
         """The monitored value at the end of ``epoch`` (``None``: this epoch is skipped)."""

@@ -46,6 +46,9 @@ class EarlyStopping(MonitoredCallback):
 
     def on_train_begin(self, logs=None):
         self._check_monitor()
+        if self._new_run():  # Keras: a reused instance starts afresh (a restored run keeps its progress)
+            self._monitor.reset()
+            self.wait, self.best_epoch, self.stopped_epoch, self.best_weights = 0, -1, -1, None
         if self.baseline is not None and self.best_epoch < 0:
             self.best = self.baseline
 

@@ -40,6 +40,9 @@ class ReduceLROnPlateau(MonitoredCallback):
 
     def on_train_begin(self, logs=None):
         self._check_monitor()
+        if self._new_run():  # Keras: a reused instance starts afresh (a restored run keeps its progress)
+            self._monitor.reset()
+            self.wait = self.cooldown_left = 0
         if not self.model.learning_rate_settable:
             raise ConfigError("ReduceLROnPlateau changes the learning rate: build the optimizer with "
                               "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)"
