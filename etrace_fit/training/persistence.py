@@ -45,6 +45,10 @@ class Persistence:
                  "opt_state": self.opt_state if self.opt_state is not None else {},
                  "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()},
                  "callbacks": self._callbacks.array_state()}
+        rates = None if self._state is None else self._state.rates
+        if rates is not None:  # the regularisers' running rate estimates: a resumed run goes on with them
+            state["rates"] = {str(n): {"sums": dict(held[0]), "count": held[1]}
+                              for n, held in enumerate(rates) if held is not None}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
                  "has_opt_state": self.opt_state is not None, "process_count": jax.process_count()}
@@ -128,6 +132,7 @@ class Persistence:
             raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
                                   ) from error
         long_term = _restored_long_term(path, self._model, state)
+        rates = self._restored_rates(path, state)
         opt_state = self.opt_state
         if manifest.get("has_opt_state"):
             opt_state = self._restored_opt_state(path, manifest, state, params)
@@ -137,6 +142,8 @@ class Persistence:
             held.value = value
         self._model_touched = True
         self.opt_state = opt_state
+        if rates is not None:
+            self._state = self._state._replace(rates=rates)
         self.history = History(self.history.params, model=self)
         self.history.epoch.extend(epochs)
         self.history.history = {k: list(v) for k, v in history.items()}
@@ -149,6 +156,34 @@ class Persistence:
                           f"is part of the optimizer state); set trainer.learning_rate = {before:g} to use yours",
                           UserWarning, stacklevel=3)
         return manifest
+
+    def _restored_rates(self, path: Any, state: dict) -> list | None:
+        """The running rate estimates of this trainer's regularisers on running rates
+        (:attr:`TrainState.rates`) saved at ``path``; ``None`` when the file holds none
+        (saved before any batch, without such a regulariser, or by an older version: the
+        estimates start afresh). A :class:`CheckpointError` when they do not fit."""
+        saved = state.get("rates")
+        if not saved or not self.regularizers:
+            return None
+        layers = self.spiking_layers()
+        rates = []
+        for n, (reg, paths) in enumerate(self.regularizers):
+            if not reg.uses_rates:
+                rates.append(None)
+                continue
+            entry = saved.get(str(n))
+            try:
+                sums = {p: jnp.asarray(entry["sums"][p]) for p in paths}
+                for p in paths:  # one rate per neuron of the layer
+                    expected = tuple(getattr(layers[p], "shape", sums[p].shape))
+                    if sums[p].shape != expected:
+                        raise ValueError(f"{p}: shape {sums[p].shape} saved, {expected} now")
+                rates.append((sums, jnp.asarray(entry["count"], jnp.int32)))
+            except (KeyError, TypeError, ValueError) as error:
+                raise CheckpointError(f"{path}: the saved running rates of regularizers[{n}] ({reg!r}) do not fit "
+                                      f"this trainer's ({error}); resume with the regularisers the run was saved "
+                                      f"with") from error
+        return rates
 
     def _restored_opt_state(self, path, manifest, state, params):
         """The saved optimizer state on this trainer's optimizer, or a CheckpointError

@@ -159,3 +159,46 @@ def test_bad_arguments_name_the_regulariser_and_the_argument():
         RateBounds(upper_strength=0)
     with pytest.raises(ConfigError, match=r"no spiking layer 'layers.5'"):
         ef.Trainer(_model(), regularizers=[RateBounds(layers=["layers.5"])])
+
+
+@pytest.mark.parametrize("resume", ["backup", "save and load"])
+def test_a_resumed_run_goes_on_with_the_running_rates(tmp_path, resume):
+    """The running estimate is training state: a run interrupted after epoch 1 and
+    resumed (``BackupAndRestore``, or ``save`` then ``Trainer.load``) ends bit for bit
+    as the uninterrupted run. The backups held no estimate, so a resumed run started it
+    from zero and its loss differed from the first resumed epoch on."""
+    from _killed import killed_before
+
+    from etrace_fit.callbacks import BackupAndRestore
+
+    x, y = rate_data(24)
+
+    def regularizers():
+        return [NeuronRateRegularizer(target=0.05, strength=5.0, memory=0.9), RateBounds(lower=0.01, lower_strength=2.0)]
+
+    def trainer():
+        return ef.Trainer(_model(), optimizer=optax.adam(3e-2), seed=0, regularizers=regularizers())
+
+    reference = trainer()
+    expected = reference.fit(x, y, batch_size=8, epochs=3, verbose=0)
+    if resume == "backup":
+        backup = BackupAndRestore(tmp_path / "backup")
+        with pytest.raises(KeyboardInterrupt):
+            trainer().fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[killed_before(2), backup])
+        resumed = trainer()
+        losses = resumed.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[backup]).history["loss"]
+    else:
+        first = trainer()
+        first.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        first.save(tmp_path / "run.ckpt")
+        resumed = ef.Trainer.load(tmp_path / "run.ckpt", _model(), optimizer=optax.adam(3e-2),
+                                  regularizers=regularizers())
+        history = resumed.fit(x, y, batch_size=8, epochs=3, initial_epoch=2, verbose=0)
+        losses = first.history.history["loss"] + history.history["loss"]
+    assert losses == expected.history["loss"]
+    for a, b in zip(jax.tree.leaves(resumed.get_weights()), jax.tree.leaves(reference.get_weights())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ef.CheckpointError, match=r"the saved running rates of regularizers\[0\]"):
+        other = ef.Trainer(ef.Sequential(L.Linear(C, H + 1), L.LIF(H + 1), L.Linear(H + 1, 2)), optimizer="adam",
+                           regularizers=[NeuronRateRegularizer(target=0.05)])
+        other._restored_rates("run.ckpt", {"rates": {"0": {"sums": {"layers.1": np.zeros(H)}, "count": 3}}})
