@@ -15,12 +15,13 @@ learning rate); ``data.py`` (the forms of data, layouts, loss placement and weig
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import threading
 import time
 import warnings
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import brainstate
 import jax
@@ -55,6 +56,23 @@ from .persistence import Persistence
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
 
 LOSS_PLACEMENTS = ("last", "all", "mask")
+
+
+def _epoch_of_passes(read: Callable, epoch: int, steps: int, seed: int, per_pass: int) -> Iterator:
+    """Epoch ``epoch``'s ``steps`` batches of array data read in passes of ``per_pass``
+    batches: as Keras reads arrays with ``steps_per_epoch``, each epoch goes on where
+    the last ended, and a pass that ends starts the next (pass ``p`` shuffled with
+    ``seed + p``). A function of ``epoch`` alone, so a resumed run reads what an
+    uninterrupted one does; with ``steps >= per_pass`` every epoch is one whole pass."""
+    if steps >= per_pass:
+        yield from read(seed=seed + epoch)
+        return
+    first = epoch * steps
+    for index in range(first, first + steps):
+        p, offset = divmod(index, per_pass)
+        if index == first or offset == 0:
+            current = itertools.islice(read(seed=seed + p), offset, None)
+        yield next(current)
 
 
 def _first_batch_ahead(data: Iterator) -> Iterator:
@@ -657,9 +675,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self.reset_states()  # stateful: every epoch reads the streams from their start
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
-            data = batches(x, y, batch_size=batch_size, shuffle=shuffle, seed=self.seed + epoch,
-                           drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
-            if steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
+            read = functools.partial(batches, x, y, batch_size=batch_size, shuffle=shuffle,
+                                     drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
+            data = read(seed=self.seed + epoch)
+            if steps_per_epoch is not None and is_array:  # Keras: the next epoch goes on where this one ended
+                data = _epoch_of_passes(read, epoch, steps_per_epoch, self.seed,
+                                        len(x) // batch_size if drop_remainder else -(-len(x) // batch_size))
+            elif steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
                 data = itertools.islice(data, steps_per_epoch)
             try:
                 data = _first_batch_ahead(data)

@@ -164,6 +164,39 @@ def test_steps_per_epoch_reads_an_iterator_without_dropping_a_batch_between_epoc
     assert pulled == [0, 1, 2, 3, 4, 5] and seen.train == 6
 
 
+def test_steps_per_epoch_on_arrays_goes_on_where_the_last_epoch_ended():
+    """Every epoch started at the first batch again: with shuffle=False the first
+    steps_per_epoch batches were all it ever trained on. As in Keras, an epoch goes on
+    where the last ended and a pass that ends starts the next (here 4 batches a pass, 3
+    an epoch: batches 0 1 2 | 3 0 1 | 2 3 0). The reference is the same batches given
+    to train_on_batch in that order (SGD: the step alone decides)."""
+    x, y = _data(32)
+    fitted = _trainer(optimizer="sgd")
+    fitted.fit(x, y, batch_size=8, epochs=3, steps_per_epoch=3, shuffle=False, verbose=0)
+    by_hand = _trainer(optimizer="sgd")
+    for k in (0, 1, 2, 3, 0, 1, 2, 3, 0):
+        by_hand.train_on_batch(x[8 * k:8 * k + 8], y[8 * k:8 * k + 8])
+    for a, b in zip(jax.tree.leaves(fitted.get_weights()), jax.tree.leaves(by_hand.get_weights())):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_steps_per_epoch_on_shuffled_arrays_resumes_where_an_uninterrupted_run_is(tmp_path):
+    from _killed import killed_before
+
+    from etrace_fit.callbacks import BackupAndRestore
+
+    x, y = _data(32)
+    reference = _trainer()
+    reference.fit(x, y, batch_size=8, epochs=4, steps_per_epoch=3, verbose=0)
+    with pytest.raises(KeyboardInterrupt):
+        _trainer().fit(x, y, batch_size=8, epochs=4, steps_per_epoch=3, verbose=0,
+                       callbacks=[killed_before(2), BackupAndRestore(tmp_path)])
+    resumed = _trainer()
+    resumed.fit(x, y, batch_size=8, epochs=4, steps_per_epoch=3, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
+    for a, b in zip(jax.tree.leaves(resumed.get_weights()), jax.tree.leaves(reference.get_weights())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_validation_steps_and_validation_batch_size():
     x, y = _data(24)
     xv, yv = _data(24, seed=1)
