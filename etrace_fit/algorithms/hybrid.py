@@ -100,24 +100,34 @@ class Plan:
         compiler found (a path through a later layer's memory, dense recurrence,
         weight-to-weight, an untraced use) and ES-D-RTRL's factorisation."""
         found: dict[str, list[str]] = {}
+        # every trainable operand of an op is named (a LoRA adapter's lora_a and lora_b
+        # beside its frozen base weight, the relation's weight_path)
+        operands = {r.weight_path: r.weight_paths for r in self.graph.relations}
+
+        def add(weight_path, reason, replace=False):
+            for path in operands.get(weight_path, (weight_path,)):
+                if replace:
+                    found[format_path(path)] = [reason]
+                else:
+                    found.setdefault(format_path(path), []).append(reason)
+
         resolved = self.resolved()
         for record in self.graph.diagnostics:  # the same records as _structurally_approximate
             if record.kind in _APPROXIMATE_KINDS and record.weight_path is not None and record not in resolved:
-                found.setdefault(format_path(record.weight_path), []).append(record.message)
+                add(record.weight_path, record.message)
         for pair, rule in zip(self.pairs, self.rules):
             if isinstance(rule, ESDRTRL) and pair.kind != "elementwise":
-                found.setdefault(format_path(pair.relation.weight_path), []).append(
+                add(pair.relation.weight_path,
                     f"ES-D-RTRL factorises its trace into input and output parts (exact only where "
                     f"{pair.group.name}'s Jacobian is the constant decay {rule.alpha:g}; biases are exact)")
             elif isinstance(rule, EPropRule):  # e-prop's own account replaces the compiler's
                 feedback = "the readout's weights" if self.feedback.matrix is None else "a fixed random matrix"
-                found[format_path(pair.relation.weight_path)] = [
+                add(pair.relation.weight_path,
                     f"e-prop: the learning signal is the readout's error fed back through {feedback} (eligibility "
                     f"filtered with the readout's decay κ = {rule.kappa:g}); the paths through the recurrent "
-                    f"weights to later steps are dropped"]
+                    f"weights to later steps are dropped", replace=True)
             elif not isinstance(rule, (DRTRL, ESDRTRL)):
-                found.setdefault(format_path(pair.relation.weight_path), []).append(
-                    f"rule {rule.name!r} is not one whose exactness the library knows")
+                add(pair.relation.weight_path, f"rule {rule.name!r} is not one whose exactness the library knows")
         return {path: tuple(dict.fromkeys(reasons)) for path, reasons in found.items()}
 
     def report(self) -> str:

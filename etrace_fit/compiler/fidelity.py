@@ -47,6 +47,7 @@ def approximations(
         reads_previous[group.index] = reached
     eqns = module.jaxpr.eqns
     weight_uses = _plain_uses(module, relations)
+    recurring = _dense_recurrence(module, relations, reads_previous)
 
     records = []
     for relation in relations:
@@ -63,13 +64,19 @@ def approximations(
                 f"{name} also shapes the memory of {names}; the traces follow its own hidden group only, so "
                 f"its effect on later steps through that memory is dropped (exact would need BPTT)"),
                 groups=tuple(sorted(others))))
-        x_var, _ = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
-        recurrent = [g for g in own if x_var is not None and not isinstance(x_var, _compat.Literal)
-                     and x_var in reads_previous[g]]
+        recurrent = [g for g in own if recurring.get(g, ()) and relation.eqn_index in recurring[g]]
+        through = [g for g in own if recurring.get(g, ()) and relation.eqn_index not in recurring[g]]
         if recurrent:
             records.append(_record(relation, DENSE_RECURRENCE, (
                 f"{name}'s input reads the previous state of {groups[recurrent[0]].name} it drives (dense "
                 f"recurrence): the traces keep the per-unit (diagonal) part of the Jacobian only")))
+        elif through:
+            weights = ", ".join(dict.fromkeys(format_path(r.weight_path) for r in relations
+                                              if r.eqn_index in recurring[through[0]]))
+            records.append(_record(relation, DENSE_RECURRENCE, (
+                f"{name} drives {groups[through[0]].name}, whose units drive each other through {weights} (dense "
+                f"recurrence): the traces keep the per-unit (diagonal) part of the Jacobian only, so {name}'s "
+                f"effect on later steps through the other units is dropped")))
         mixing = [g for g in own if not groups[g].elementwise]
         if mixing:
             records.append(_record(relation, NON_ELEMENTWISE, (
@@ -89,6 +96,26 @@ def approximations(
                 f"{name} is also used by plain jnp ops ({', '.join(plain)}) that reach a hidden state: "
                 f"that use gets its one-step gradient, not a trace")))
     return tuple(records)
+
+
+def _dense_recurrence(module: ModuleInfo, relations: tuple[Relation, ...], reads_previous: dict) -> dict:
+    """``{group: {equation index}}``: the dense or convolution ops into a group whose
+    input reads that group's previous state (a recurrent weight, ``z^{t−1} W_rec``).
+    Such a group's units drive each other from step to step, so the trace of *every*
+    weight into it (the input weight, a learned time constant, a bias) misses the
+    off-diagonal part of its Jacobian, not only the recurrent weight's."""
+    found: dict = {}
+    for relation in relations:
+        if relation.op_kind == "elementwise":  # a per-unit product with the previous state is diagonal
+            continue
+        eqn = module.jaxpr.eqns[relation.eqn_index]
+        x_var, _ = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
+        if x_var is None or isinstance(x_var, _compat.Literal):
+            continue
+        for g in relation.hidden_groups:
+            if x_var in reads_previous[g]:
+                found.setdefault(g, set()).add(relation.eqn_index)
+    return found
 
 
 def _mixing_ops(module: ModuleInfo, start: int, targets: set) -> list[str]:

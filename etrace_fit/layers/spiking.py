@@ -300,7 +300,8 @@ class RecurrentLIF(_Recurrent, LIF):
         V^t, z^t as in LIF with input current I^t
 
     The compiler relates ``W`` to ``V``; because ``z^{t−1}`` feeds back through ``W``
-    the online gradient keeps the per-unit part of the Jacobian (the report says so).
+    the online gradient keeps the per-unit part of the Jacobian (the report says so),
+    for ``W`` and for every other weight into these neurons (a learned ``tau``).
 
     Shapes: ``x: (B, in_size)`` → spikes ``(B, size)``; state ``V: (B, size)``.
 

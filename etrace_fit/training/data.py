@@ -9,6 +9,7 @@ iterable or generator of ``(x, y)`` or ``(x, y, mask)`` batches; objects with
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterator, Mapping
 
 import jax.numpy as jnp
@@ -105,15 +106,14 @@ def _length(name: str, value: Any) -> int:
 
 
 def split_validation(x: Any, y: Any, fraction: float) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """Keras' ``validation_split``: the last ``fraction`` of the samples (before any
-    shuffling) become the validation set."""
+    """Keras' ``validation_split``: the samples after ``floor(N · (1 − fraction))``
+    (before any shuffling) become the validation set."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) or not 0.0 < fraction < 1.0:
         raise ConfigError(f"validation_split must be a number in (0, 1), got {fraction!r}")
     total = _length("x", x)
-    held = int(round(total * fraction))
-    if held == 0 or held == total:
+    cut = int(math.floor(total * (1.0 - fraction)))  # Keras' split point: N = 10, 0.25 holds out 3
+    if cut == 0 or cut == total:
         raise ConfigError(f"validation_split={fraction} of {total} samples leaves an empty training or validation set")
-    cut = total - held
     take = (lambda a, s: None if a is None else a[s])
     return (take(x, slice(0, cut)), take(y, slice(0, cut))), (take(x, slice(cut, None)), take(y, slice(cut, None)))
 
@@ -223,10 +223,11 @@ def weight_dtype(x: np.ndarray) -> Any:
 
 
 class Arrays:
-    """Batch-major array data: ``x (N, T, ...)``, ``y`` and ``mask`` or None."""
+    """Batch-major array data: ``x (N, T, ...)``, ``y``, ``mask`` and ``sample_weight``
+    (``validation_split``'s held-out weights) or None."""
 
-    def __init__(self, x: Any, y: Any = None, mask: Any = None):
-        self.x, self.y, self.mask = x, y, mask
+    def __init__(self, x: Any, y: Any = None, mask: Any = None, sample_weight: Any = None):
+        self.x, self.y, self.mask, self.sample_weight = x, y, mask, sample_weight
 
 
 def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:

@@ -126,10 +126,15 @@ class Evaluation:
         first epoch took 4.19 s instead of 4.70 under hybrid, whose longer tracing hides
         all of it, and 3.17 s instead of 3.30 under BPTT (medians of three fresh
         ``etrace-fit train`` runs each, alternated, 2026-11-28)."""
-        first = next(iter(batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask)))
+        first = next(iter(batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask,
+                                  sample_weight=data.sample_weight)))
         xs, ys, weight = self._time_major(first, False)
         self._ensure_states(xs.shape[1])
-        lowered = self._eval_program().lower(*self._on_mesh(xs, ys, weight), False)
+        if first.sample_weight is None:
+            lowered = self._eval_program().lower(*self._on_mesh(xs, ys, weight), False)
+        else:  # as _evaluate_from_reset calls it with weights
+            placed = self._on_mesh(xs, ys, loss_weight(first, ys, weight, None, False), weight)
+            lowered = self._eval_program().lower(*placed[:3], False, placed[3])
 
         def compile_() -> None:
             try:
@@ -195,8 +200,9 @@ class Evaluation:
                              steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
         if isinstance(data, Arrays):
+            weights = data.sample_weight if sample_weight is None else sample_weight
             source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask,
-                                         sample_weight=sample_weight), False
+                                         sample_weight=weights), False
         else:
             source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
         if self._eval_compiling is not None:  # fit's compilation ahead: its result is JAX's to reuse

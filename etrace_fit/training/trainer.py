@@ -550,10 +550,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if validation_split:
             if not is_array:
                 raise ConfigError("validation_split needs array data; pass validation_data for iterables")
+            if sample_weight is not None:  # checked whole: Keras' (N, 1) column is one weight per sequence
+                sample_weight = check_weights(sample_weight, x)
             (x, y), held_out = split_validation(x, y, validation_split)
-            validation = Arrays(*held_out, None if mask is None else np.asarray(mask)[len(x):])
+            # as Keras, the held-out samples keep their weights: val_loss is weighted as loss is
+            validation = Arrays(*held_out, None if mask is None else np.asarray(mask)[len(x):],
+                                sample_weight=None if sample_weight is None else sample_weight[len(x):])
             if sample_weight is not None:
-                sample_weight = np.asarray(sample_weight)[: len(x)]
+                sample_weight = sample_weight[: len(x)]
             if mask is not None:
                 mask = np.asarray(mask)[: len(x)]
         else:

@@ -9,9 +9,12 @@ import warnings
 import numpy as np
 import pytest
 
-import etrace_fit as ef
+import brainstate
 
-from ._helpers import MODELS, B, I, O, T, Case, leaves_by_name, mse, rel_err
+import etrace_fit as ef
+from etrace_fit import layers as L
+
+from ._helpers import MODELS, B, I, O, T, Case, leaves_by_name, mse, rand, rel_err
 from .test_approximations import (_gru, _lstm, _rate_readout, _recurrent_lif, _spike_readout, _two_lif)
 from .test_sequence_grad import FusedGate, PlainRecurrent, lin
 
@@ -28,7 +31,31 @@ BUILDERS = {
     "spike_readout": _spike_readout,
     "plain_recurrent": lambda: ef.Sequential(PlainRecurrent(), lin(8, O, 2)),
     "fused_gate": lambda: ef.Sequential(FusedGate(), lin(8, O, 2)),
+    "recurrent_lif_learn_tau": lambda: ef.Sequential(
+        L.RecurrentLIF(I, H, tau=5.0, v_threshold=0.5, learn_tau=True,
+                       w_init=rand(3, I + H, H, scale=0.8)), lin(H, O, 2)),
+    "split_recurrent": lambda: ef.Sequential(SplitRecurrentLIF(), lin(H, O, 2)),
+    "lora_two_lif": lambda: ef.Sequential(L.LoRALinear(I, H, rank=2, w_init=rand(5, I, H, scale=1.5)), L.LIF(H),
+                                          lin(H, H, 6), L.LIF(H), lin(H, O, 2)),
 }
+H = 8
+
+
+class SplitRecurrentLIF(brainstate.nn.Module):
+    """A recurrent LIF as PyTorch users write it, ``x W_in + z^{t−1} W_rec`` with two
+    Linears and a learned time constant: only ``W_rec``'s input reads the previous
+    state, but ``W_in`` and ``tau`` drive the same units, whose Jacobian is dense. Only
+    ``W_rec`` was named; ``W_in`` (cosine 0.6–0.8) and ``tau`` (0.1) were silent."""
+
+    def __init__(self):
+        super().__init__()
+        self.W_in = lin(I, H, 11, 1.5)
+        self.W_rec = L.Linear(H, H, w_init=rand(13, H, H, scale=0.8 / np.sqrt(H)), with_bias=False)
+        self.lif = L.LIF(H, tau=5.0, v_threshold=0.5, learn_tau=True)
+
+    def update(self, x):
+        z_prev = self.lif.surrogate(self.lif.V.value - self.lif.v_threshold)
+        return self.lif(self.W_in(x) + self.W_rec(z_prev))
 X_SHAPES = {"conv1d_lif": MODELS["conv1d_lif"][1]}
 
 
@@ -69,5 +96,6 @@ def test_every_inexact_weight_is_named(name, algo):
                 break
     if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight") and algo != "esd_rtrl":
         assert inexact == [] and named == ""  # exact models stay silent
-    if name in ("gru", "two_lif", "rate_readout", "plain_recurrent", "fused_gate"):
+    if name in ("gru", "two_lif", "rate_readout", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
+                "split_recurrent", "lora_two_lif"):
         assert inexact, "this model was expected to have an approximate weight"

@@ -82,6 +82,9 @@ def test_validation_split_takes_the_last_fraction():
     np.testing.assert_array_equal(yt, Y[:8])
     np.testing.assert_array_equal(yv, Y[8:])
     assert xv.shape == (2, 4, 3)
-    for bad in (0.0, 1.0, 0.01):
+    # Keras' split point floor(N (1 - f)): round(N f) held out 2 of 10 at 0.25 and refused 0.05
+    for fraction, held in ((0.25, 3), (0.05, 1), (0.15, 2), (0.5, 5)):
+        assert len(split_validation(X, Y, fraction)[1][1]) == held, fraction
+    for bad in (0.0, 1.0, 1e-20, 0.9):  # 0.9: floor(10 · 0.0999…) = 0, as Keras
         with pytest.raises(ConfigError, match="validation_split"):
             split_validation(X, Y, bad)

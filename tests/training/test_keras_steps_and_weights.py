@@ -12,6 +12,7 @@ import warnings
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import etrace_fit as ef
@@ -195,6 +196,20 @@ def test_steps_per_epoch_on_shuffled_arrays_resumes_where_an_uninterrupted_run_i
     resumed.fit(x, y, batch_size=8, epochs=4, steps_per_epoch=3, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
     for a, b in zip(jax.tree.leaves(resumed.get_weights()), jax.tree.leaves(reference.get_weights())):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_validation_split_keeps_the_held_out_sample_weights():
+    """As Keras splits (x, y, sample_weight) together, val_loss is the weighted loss of
+    the held-out samples (it was their unweighted loss). With a zero learning rate the
+    weights do not move, so evaluate on the held-out part is the reference."""
+    x, y = _data(10)
+    weights = np.linspace(0.5, 3.0, 10).astype(np.float32)
+    trainer = _trainer(optimizer=optax.sgd(0.0))
+    history = trainer.fit(x, y, batch_size=4, epochs=1, validation_split=0.25, sample_weight=weights, verbose=0)
+    held = trainer.evaluate(x[7:], y[7:], sample_weight=weights[7:], verbose=0)
+    assert history.history["val_loss"][0] == pytest.approx(held["loss"], rel=1e-6)
+    assert history.history["val_acc"][0] == pytest.approx(held["acc"])
+    assert held["loss"] != pytest.approx(trainer.evaluate(x[7:], y[7:], verbose=0)["loss"], rel=1e-3)
 
 
 def test_validation_steps_and_validation_batch_size():
