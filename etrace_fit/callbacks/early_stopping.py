@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ConfigError
 from .base import Monitor, MonitoredCallback, check_verbose_flag
 
 __all__ = ["EarlyStopping"]
@@ -26,6 +27,8 @@ class EarlyStopping(MonitoredCallback):
         baseline: stop if the value does not beat this within ``patience`` epochs.
         restore_best_weights: put the best epoch's weights back when stopping or at the end
             (a run resumed by ``BackupAndRestore`` keeps them: they are saved in its backups).
+        start_from_epoch: epochs of warm-up before the monitor is watched (Keras'; the
+            epochs before it neither improve nor count towards ``patience``).
 
     An epoch that did not validate (``validation_freq``) is skipped when ``monitor`` is a
     validation value; a ``monitor`` the fit will not log is a ``ConfigError`` before training.
@@ -36,8 +39,13 @@ class EarlyStopping(MonitoredCallback):
     """
 
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, verbose: int = 0,
-                 mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False):
+                 mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False,
+                 start_from_epoch: int = 0):
         self.verbose = check_verbose_flag("EarlyStopping", verbose)  # first: a mode given where it was
+        if isinstance(start_from_epoch, bool) or not isinstance(start_from_epoch, (int, np.integer)) \
+                or start_from_epoch < 0:
+            raise ConfigError(f"EarlyStopping: start_from_epoch must be an int >= 0, got {start_from_epoch!r}")
+        self.start_from_epoch = int(start_from_epoch)
         self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
         self.monitor, self.mode, self.patience = monitor, self._monitor.mode, patience
         self.baseline, self.restore_best_weights = baseline, restore_best_weights
@@ -54,7 +62,7 @@ class EarlyStopping(MonitoredCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         value = self._current(epoch, logs)
-        if value is None:
+        if value is None or epoch < self.start_from_epoch:  # Keras: the warm-up is not watched
             return
         if self._monitor.improves(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0

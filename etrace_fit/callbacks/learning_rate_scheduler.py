@@ -11,7 +11,8 @@ __all__ = ["LearningRateScheduler"]
 
 
 class LearningRateScheduler(Callback):
-    """Sets ``trainer.learning_rate = schedule(epoch, current)`` before each epoch.
+    """Sets ``trainer.learning_rate = schedule(epoch, current)`` before each epoch (or
+    ``schedule(epoch)``: Keras takes a one-argument schedule too).
 
     The optimizer must be built with ``optax.inject_hyperparams`` so its learning rate is
     state, not a constant (or given by name; checked before training); the value then
@@ -24,7 +25,11 @@ class LearningRateScheduler(Callback):
     """
 
     def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0):
+        if not callable(schedule):
+            raise ConfigError(f"LearningRateScheduler: schedule must be a function (epoch, lr) -> lr or "
+                              f"(epoch) -> lr, got {type(schedule).__name__}")
         self.schedule, self.verbose = schedule, verbose
+        self._takes_rate = _positional_count(schedule) != 1
 
     adds_log_keys = False
 
@@ -35,7 +40,20 @@ class LearningRateScheduler(Callback):
                               "(learning_rate=1e-3), or give it by name (optimizer='adam')")
 
     def on_epoch_begin(self, epoch, logs=None):
-        value = float(self.schedule(epoch, self.model.learning_rate))
+        value = float(self.schedule(epoch, self.model.learning_rate) if self._takes_rate else self.schedule(epoch))
         self.model.learning_rate = value
         if self.verbose:
             print(f"LearningRateScheduler: epoch {epoch + 1} learning rate {value:.6g}")
+
+
+def _positional_count(function: Callable) -> int | None:
+    """How many positional arguments ``function`` takes (None: any number, or unknown)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called as (epoch, lr)
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)

@@ -262,7 +262,7 @@ class Evaluation:
         with self._keeping_streams():
             logs = self._eval_program()(xs, ys, weighted, carry, None if weighted is weight else weight)
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
-        return keras_result(logs, return_dict)
+        return keras_result(logs, return_dict, self.metrics_names)
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int | None = 32, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
@@ -300,7 +300,7 @@ class Evaluation:
         result = self._evaluate(data, batch_size, CallbackList(callbacks, model=self), steps=steps,
                                 sample_weight=sample_weight)
         names = [name for name in self.metrics_names if name in result]  # the loss, then the metrics in order
-        return keras_result({**{name: result[name] for name in names}, **result}, return_dict)
+        return keras_result({**{name: result[name] for name in names}, **result}, return_dict, names)
 
     @property
     def metrics_names(self) -> list[str]:

@@ -3,7 +3,7 @@ arguments, the ``*_on_batch`` results, and the model summary's table."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import brainstate
 import jax
@@ -69,11 +69,14 @@ def validation_schedule(validation_freq: Any):
     return lambda epoch: epoch + 1 in listed
 
 
-def keras_result(logs: dict[str, float], return_dict: bool) -> Any:
-    """Keras' ``*_on_batch`` result: the dict, the loss alone, or ``[loss, *metrics]``."""
+def keras_result(logs: dict[str, float], return_dict: bool, names: Sequence[str]) -> Any:
+    """Keras' ``*_on_batch`` / ``evaluate`` result: the dict (every log, a regulariser's
+    ``rate_<path>`` too), or the values of ``names`` (``metrics_names``: the loss, then
+    the metrics) in that order, the loss alone when there is no metric."""
     if return_dict:
         return logs
-    return logs["loss"] if len(logs) == 1 else list(logs.values())
+    values = [logs[name] for name in names if name in logs]
+    return values[0] if len(values) == 1 else values
 
 
 def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
@@ -110,8 +113,12 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
     rule_line = "-" * len(line(rows[0]))
+    from .persistence import non_trainable_count
+
+    frozen = non_trainable_count(model)  # as Keras: running statistics are non-trainable params
     out = [f'Model: "{type(model).__name__}"', rule_line, line(rows[0]), rule_line, *map(line, rows[1:]), rule_line,
-           f"Total params: {total_params:,}"]
+           f"Total params: {total_params + frozen:,}", f"Trainable params: {total_params:,}",
+           f"Non-trainable params: {frozen:,}"]
     if learner is None:
         out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
     elif learner.plan is None:

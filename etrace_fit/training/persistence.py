@@ -239,8 +239,10 @@ class Persistence:
         return trainer
 
     def count_params(self) -> int:
-        """Keras' ``count_params``: the number of trainable numbers (``summary()``'s total)."""
-        return int(sum(np.size(leaf) for leaf in jax.tree.leaves(self._params().to_dict_values())))
+        """Keras' ``count_params``: every weight's numbers, trainable and not (a
+        ``BatchNorm``'s running statistics; not a dropout key): ``summary()``'s total."""
+        return int(sum(np.size(leaf) for leaf in jax.tree.leaves(self._params().to_dict_values()))) + \
+            non_trainable_count(self._model)
 
     def get_weights(self) -> dict:
         """A copy of every ParamState's value, keyed by path."""
@@ -277,6 +279,13 @@ class Persistence:
             params[path].value = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), value,
                                               params[path].value)
         self._model_touched = True
+
+
+def non_trainable_count(model: Any) -> int:
+    """The numbers Keras counts as non-trainable params: the float long-term states that
+    are no weights (running statistics), not random keys or counters."""
+    return int(sum(np.size(leaf) for state in _long_term(model).values() for leaf in jax.tree.leaves(state.value)
+                   if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)))
 
 
 def _long_term(model: Any) -> dict:

@@ -1022,5 +1022,6 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self.skipped_batches += 1
             warnings.warn("train_on_batch: the loss or gradient is not finite; the update was not applied",
                           RuntimeWarning, stacklevel=2)
-        return keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict)
+        return keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict,
+                            self.metrics_names)
 

@@ -243,3 +243,49 @@ def test_verbose_two_prints_one_keras_line_per_epoch_and_bad_verbose_fails_first
     for bad in (3, "yes", True, None):
         with pytest.raises(ConfigError, match=r"verbose must be 'auto', 0 .*, got"):
             trainer.fit(x, y, epochs=1, verbose=bad)
+
+
+def test_keras_older_batch_hook_names_are_called():
+    """A Keras callback overriding on_batch_begin / on_batch_end (Keras' Callback calls
+    them from on_train_batch_*) was never called, silently; tf.keras' LambdaCallback
+    names them too."""
+    class Counting(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_batch_begin(self, batch, logs=None):
+            self.seen.append(("begin", batch))
+
+        def on_batch_end(self, batch, logs=None):
+            self.seen.append(("end", batch, round(float(logs["loss"]), 6) > 0))
+
+    x, y = _data(16)
+    counting, lambdas = Counting(), []
+    lambda_callback = LambdaCallback(on_batch_end=lambda batch, logs: lambdas.append(batch))
+    _trainer().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[counting, lambda_callback])
+    assert counting.seen == [("begin", 0), ("end", 0, True), ("begin", 1), ("end", 1, True)]
+    assert lambdas == [0, 1]
+    with pytest.raises(ValueError, match="on_batch_end and on_train_batch_end are one hook"):
+        LambdaCallback(on_batch_end=print, on_train_batch_end=print)
+
+
+def test_a_one_argument_schedule_and_early_stoppings_warm_up():
+    """Keras takes LearningRateScheduler(lambda epoch: ...) and EarlyStopping(start_from_epoch=);
+    the first failed at the first epoch, the second was a TypeError."""
+    from etrace_fit.callbacks import LearningRateScheduler
+
+    x, y = _data(16)
+    trainer = ef.Trainer(_trainer().model, optimizer="adam")
+    history = trainer.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                          callbacks=[LearningRateScheduler(lambda epoch: 0.01 * 0.5 ** epoch)])
+    assert history.history["learning_rate"] == pytest.approx([0.01, 0.005, 0.0025])
+    # min_delta so large that nothing improves after the first watched epoch: it stops patience epochs later
+    for start, stopped in ((0, 1), (2, 3)):
+        stopping = EarlyStopping("loss", min_delta=100.0, patience=1, start_from_epoch=start)
+        assert _trainer().fit(x, y, batch_size=8, epochs=6, verbose=0, callbacks=[stopping]).epoch == list(
+            range(stopped + 1))
+        assert stopping.best_epoch == start
+    with pytest.raises(ConfigError, match=r"start_from_epoch must be an int >= 0, got -1"):
+        EarlyStopping(start_from_epoch=-1)
+    with pytest.raises(ConfigError, match="schedule must be a function"):
+        LearningRateScheduler(0.01)

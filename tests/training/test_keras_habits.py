@@ -296,6 +296,37 @@ def test_keras_evaluation_forms_and_counts():
         ef.Trainer(_model()).fit(x, y, batch_size=8, steps_per_epoch=5, verbose=0)
 
 
+def test_count_params_and_summary_count_running_statistics_as_keras_does():
+    """Keras counts a BatchNormalization's moving mean and variance as non-trainable
+    params (count_params() and summary's total); a dropout key is no param."""
+    model = ef.Sequential(L.Linear(C, H), L.BatchNorm1d(H), L.LIF(H), L.Dropout(0.2), L.LeakyRateReadout(H, 2))
+    trainer = ef.Trainer(model)
+    trainable = C * H + H + 2 * H + H * 2 + 2
+    assert trainer.count_params() == trainable + 2 * H
+    text = trainer.summary(print_fn=None)
+    assert (f"Total params: {trainable + 2 * H:,}\nTrainable params: {trainable:,}\nNon-trainable params: {2 * H:,}"
+            in text), text
+
+
+def test_on_batch_lists_follow_metrics_names_with_a_regulariser():
+    """A regulariser's rate_<path> log made train_on_batch's list one longer than
+    metrics_names (and a list, not the loss alone, without metrics); it stays in the
+    dict form."""
+    from etrace_fit.training import FiringRateRegularizer
+
+    x, y = _data(16)
+    for metrics in (["acc"], []):
+        trainer = ef.Trainer(_model(), metrics=metrics, regularizers=[FiringRateRegularizer(target=0.1)])
+        listed = trainer.train_on_batch(x[:8], y[:8])
+        as_dict = trainer.train_on_batch(x[:8], y[:8], return_dict=True)
+        tested = trainer.test_on_batch(x[:8], y[:8])
+        if metrics:
+            assert len(listed) == len(tested) == len(trainer.metrics_names) == 2
+        else:
+            assert isinstance(listed, float) and isinstance(tested, float)
+        assert any(key.startswith("rate_") for key in as_dict), as_dict
+
+
 def test_monitor_callbacks_take_keras_verbose_and_argument_order(tmp_path, capsys):
     from etrace_fit.callbacks import EarlyStopping, ModelCheckpoint, ReduceLROnPlateau
 
