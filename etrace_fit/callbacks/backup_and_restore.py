@@ -13,6 +13,12 @@ from .base import Callback, writable_folder
 
 __all__ = ["BackupAndRestore"]
 
+# Trainer settings a resumed run must share with the backed-up one: they decide the
+# gradients (algo, its decay, trace dtype and budget, loss, its placement, regularisers)
+# and the batches (seed: the shuffling). Metrics, verbosity and the like may change.
+_RUN_SETTINGS = ("algo", "decay", "memory_budget", "trace_dtype", "loss", "loss_callable", "loss_on", "regularizers",
+                 "seed", "stateful", "time_major")
+
 
 class BackupAndRestore(Callback):
     """Backs the run up at the end of every epoch; a new ``fit`` with the same callback
@@ -33,8 +39,9 @@ class BackupAndRestore(Callback):
     - Temporary files of a killed write are removed when training starts; the folder
       must be writable, checked before training.
     - Backups that read back intact but do not fit the trainer (another model,
-      optimizer or ``update_every``: an edited script) are a ``ConfigError`` before
-      training, and stay as they are: training from scratch would rotate them out.
+      optimizer, ``update_every``, ``algo``, loss, ``loss_on`` or ``seed``: an edited
+      script) are a ``ConfigError`` before training, and stay as they are: training
+      from scratch would rotate them out.
 
     The backups are deleted when ``fit`` returns (all its epochs done, or stopped by
     ``EarlyStopping``: the run is finished, as in Keras; a backup records the stop, so
@@ -65,18 +72,30 @@ class BackupAndRestore(Callback):
     def state_key(self) -> str:
         return f"BackupAndRestore:{self.backup_dir}"
 
-    def _candidates(self) -> list[tuple[int, str, str]]:
-        """``(epoch, path, label)`` of every backup whose file reads back intact."""
+    def _candidates(self) -> list[tuple[int, str, str, dict]]:
+        """``(epoch, path, label, saved config)`` of every backup whose file reads back intact."""
         found = []
         for path, label in ((self.next, "next"), (self.latest, "latest"), (self.previous, "previous")):
             if not os.path.exists(path):
                 continue
             try:
                 manifest, _ = read_checkpoint(path)
-                found.append((int(manifest["epoch"]), path, label))
+                found.append((int(manifest["epoch"]), path, label, dict(manifest.get("config") or {})))
             except (CheckpointError, KeyError, TypeError, ValueError) as error:
                 warnings.warn(f"BackupAndRestore: the {label} backup is unusable ({error}); trying an older one")
-        return sorted(found, reverse=True)
+        return sorted(found, key=lambda c: c[:3], reverse=True)
+
+    def _changed_settings(self, saved: dict) -> list[str]:
+        """The trainer's settings that decide what training computes (its rules, loss,
+        shuffling) and differ from the backed-up run's: its epochs would go on with
+        other gradients or other batches."""
+        now = self.model.config
+
+        def comparable(key):  # a regulariser of yours without a __repr__ is named by its address: not comparable
+            return key in saved and " at 0x" not in str(saved[key]) + str(now.get(key))
+
+        return [f"{key}={saved[key]!r} when backed up, {now.get(key)!r} now" for key in _RUN_SETTINGS
+                if comparable(key) and saved[key] != now.get(key)]
 
     def state_dict(self) -> dict:
         """Whether the backed-up epoch ended the run (``EarlyStopping``): a resumed run
@@ -94,7 +113,11 @@ class BackupAndRestore(Callback):
             remove_temporaries(self.backup_dir)
         barrier("etrace_fit BackupAndRestore begin")
         refused = []
-        for epoch, path, label in self._candidates():
+        for epoch, path, label, saved in self._candidates():
+            changed = self._changed_settings(saved)
+            if changed:
+                refused.append(f"{label} (epoch {epoch + 1}): {'; '.join(changed)}")
+                continue
             try:
                 manifest = self.model._restore(path, note_learning_rate=False)  # the run's own rate
             except CheckpointError as error:  # intact, but not this model's / optimizer's
@@ -111,7 +134,7 @@ class BackupAndRestore(Callback):
             older = f" (and {len(refused) - 1} older one(s) alike)" if len(refused) > 1 else ""
             raise ConfigError(
                 f"BackupAndRestore: the backups in {self.backup_dir} are of a run this trainer cannot continue "
-                f"(another model, optimizer or update_every): {refused[0]}"
+                f"(another model, optimizer, update_every, algo, loss or seed): {refused[0]}"
                 f"{older}. They are left as they are: "
                 f"resume with the model and optimizer they were written with, or give another backup_dir (or "
                 f"delete that folder) to start afresh")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 
+from ..errors import ConfigError
 from .base import Callback, writable_folder
 
 __all__ = ["CSVLogger"]
@@ -43,6 +44,11 @@ class CSVLogger(Callback):
 
     def on_train_begin(self, logs=None):
         writable_folder(os.path.dirname(self.filename), "CSVLogger")
+        if os.path.isdir(self.filename):
+            raise ConfigError(f"CSVLogger: filename {self.filename!r} is a folder; give the path of a .csv file in it "
+                              f"(e.g. {os.path.join(self.filename, 'log.csv')!r})")
+        if os.path.exists(self.filename) and not os.access(self.filename, os.W_OK):
+            raise ConfigError(f"CSVLogger: cannot write to {self.filename!r} (read-only); give a writable path")
         self._keys = None
         resume = getattr(self.model, "resume_epoch", None)
         if resume is not None:  # keep the rows of the epochs the backup holds

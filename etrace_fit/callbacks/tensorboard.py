@@ -162,6 +162,8 @@ class TensorBoard(Callback):
         self._writers: dict[str, Any] = {}
         self._global_batch = 0
         self._dashboard_written = False
+        self._first_rate = None
+        self._in_fit = False
         self._profiling = False
         self._fit_batch = 0
 
@@ -170,8 +172,23 @@ class TensorBoard(Callback):
         if run not in self._writers:
             from tensorboardX import SummaryWriter
 
-            self._writers[run] = SummaryWriter(os.path.join(self.log_dir, run))
+            # each writer its own file: a file is closed at every epoch's end (below), and
+            # tensorboardX names files by the second, so two in one second would be one
+            self._files = getattr(self, "_files", 0) + 1
+            self._writers[run] = SummaryWriter(os.path.join(self.log_dir, run),
+                                               filename_suffix=f".{os.getpid()}.{self._files}")
         return self._writers[run]
+
+    def _close_writers(self) -> None:
+        """Write everything given so far to disk and close the files (the next write
+        opens new ones). tensorboardX writes from a thread of its own and its
+        ``flush()`` does not wait for it: an epoch backed up by ``BackupAndRestore``
+        could have its points still in the queue when the process was killed, and the
+        resumed run, starting after that epoch, never wrote them again. ``close()``
+        joins the thread."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
 
     def state_key(self) -> str:
         return f"TensorBoard:{self.log_dir}"
@@ -181,9 +198,11 @@ class TensorBoard(Callback):
             self._stop_profile()
         writable_folder(self.log_dir, "TensorBoard")
         self._writer("train")
-        self._dashboard_written = False
+        self._in_fit = True
+        if getattr(self.model, "resume_epoch", None) is None:  # a resumed run keeps what its state_dict holds
+            self._dashboard_written = False
+            self._first_rate = None
         self._labels = layer_labels(self.model.model)
-        self._first_rate = None
         self._fit_batch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -250,8 +269,7 @@ class TensorBoard(Callback):
             summary = trainer.summary(print_fn=None)
             train.add_text("model_summary", "```\n" + summary + "\n```", epoch)
             train.add_text("compile_report", "```\n" + trainer.report() + "\n```", epoch)
-        for writer in self._writers.values():
-            writer.flush()
+        self._close_writers()  # on disk before the epoch is backed up
 
     # ------------------------------------------------------------------ pieces
     def _tag(self, path: Any, leaf: str = "") -> str:
@@ -373,8 +391,9 @@ class TensorBoard(Callback):
     def on_train_end(self, logs=None):
         if self._profiling:  # training stopped inside the profiled batches
             self._stop_profile()
-        if not self._writers:
+        if not self._in_fit:  # no on_train_begin ran (or this end was called already)
             return
+        self._in_fit = False
         from tensorboardX.summary import hparams
 
         metrics = self._metrics()
@@ -386,15 +405,16 @@ class TensorBoard(Callback):
             step = max(self.model.epoch, 0)
             for tag, value in metrics.items():
                 train.add_scalar(tag, value, step)
-        for writer in self._writers.values():
-            writer.close()
-        self._writers = {}
+        self._close_writers()
 
     def state_dict(self):
-        return {"global_batch": self._global_batch}
+        return {"global_batch": self._global_batch, "first_rate": self._first_rate,
+                "dashboard_written": self._dashboard_written}
 
     def load_state_dict(self, state):
         self._global_batch = state["global_batch"]
+        self._first_rate = state.get("first_rate")  # the run's first rate: its HParams entry's
+        self._dashboard_written = bool(state.get("dashboard_written", False))
 
 
 def _profile_range(profile_batch: Any) -> tuple[int, int] | None:

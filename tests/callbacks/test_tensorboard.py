@@ -248,3 +248,36 @@ def test_keras_arguments_that_are_not_written_here_fail_in_the_constructor(tmp_p
         TensorBoard(tmp_path, **kwargs)
     with pytest.raises(TypeError, match="positional"):
         TensorBoard(tmp_path, 1)  # Keras reads it as histogram_freq, this callback's order as update_freq
+
+
+def test_an_epochs_points_are_on_disk_when_its_end_is_over_and_a_resumed_run_keeps_its_hparams(tmp_path):
+    """tensorboardX writes from a thread and its flush() does not wait for it: an epoch
+    BackupAndRestore had backed up could still have its points in the queue when the
+    process was killed, and the resumed run never wrote them. And a resumed run's
+    HParams entry recorded the rate of its first resumed epoch, not the run's first."""
+    from _killed import killed_before
+
+    from etrace_fit.callbacks import BackupAndRestore, LambdaCallback, LearningRateScheduler
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+    x, y = _data()
+    on_disk = []
+    look = LambdaCallback(on_epoch_end=lambda epoch, logs: on_disk.append(
+        sorted(_scalars(tmp_path / "tb" / "train").get("epoch/loss", {}))))
+
+    def callbacks(*extra):
+        return [LearningRateScheduler(lambda epoch: 0.01 * 0.5 ** epoch), TensorBoard(tmp_path / "tb", write_graph=False),
+                look, *extra, BackupAndRestore(tmp_path / "backup")]
+
+    with brainstate.environ.context(dt=1.0), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        with pytest.raises(KeyboardInterrupt):
+            ef.Trainer(_model(), optimizer="adam", seed=0).fit(x, y, batch_size=8, epochs=4, verbose=0,
+                                                               callbacks=callbacks(killed_before(2)))
+        assert on_disk == [[0], [0, 1]]  # each epoch's point written when its end is over
+        ef.Trainer(_model(), optimizer="adam", seed=0).fit(x, y, batch_size=8, epochs=4, verbose=0,
+                                                           callbacks=callbacks())
+    assert sorted(_scalars(tmp_path / "tb" / "train")["epoch/loss"]) == [0, 1, 2, 3]
+    starts = [HParamsPluginData.FromString(v.metadata.plugin_data.content).session_start_info
+              for tag, _, v in _values(tmp_path / "tb" / "train") if tag == "_hparams_/session_start_info"]
+    assert [s.hparams["learning_rate"].number_value for s in starts] == [pytest.approx(0.01)]

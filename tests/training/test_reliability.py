@@ -262,6 +262,40 @@ def test_an_unwritable_folder_fails_before_the_first_batch_naming_the_path(tmp_p
     assert batches == []
 
 
+@pytest.mark.parametrize("append", [False, True])
+def test_a_csv_filename_that_is_a_folder_fails_before_the_first_batch(tmp_path, append):
+    """It was a raw IsADirectoryError: before training without append, after the whole
+    first epoch with it."""
+    (tmp_path / "log.csv").mkdir()
+    batches = []
+    x, y = _data()
+    with pytest.raises(ConfigError, match=r"CSVLogger: filename .*log\.csv' is a folder; give the path of a \.csv file"):
+        ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
+            CSVLogger(str(tmp_path / "log.csv"), append=append),
+            LambdaCallback(on_train_batch_begin=lambda b, logs: batches.append(b))])
+    assert batches == []
+
+
+@pytest.mark.parametrize("changed", [dict(algo="bptt"), dict(loss_on="all"), dict(seed=7)])
+def test_backups_of_a_run_with_other_settings_are_refused_and_kept(tmp_path, changed):
+    """Another algo, loss placement or seed resumed the run silently: its History mixed
+    hybrid and BPTT epochs, its shuffling changed mid-run."""
+    from _killed import killed_before
+
+    x, y = _data()
+    backup = tmp_path / "backup"
+    with pytest.raises(KeyboardInterrupt):
+        ef.Trainer(_model(), optimizer="adam", seed=0).fit(x, y, batch_size=8, epochs=3, verbose=0,
+                                                           callbacks=[killed_before(1), BackupAndRestore(backup)])
+    before = (backup / "latest.ckpt").read_bytes()
+    key, value = next(iter(changed.items()))
+    with pytest.raises(ConfigError, match=rf"BackupAndRestore: .* cannot continue .*: latest \(epoch 1\): {key}="
+                                          rf".* when backed up, {value!r} now\. They are left as they are"):
+        ef.Trainer(_model(), optimizer="adam", **{"seed": 0, **changed}).fit(
+            x, y, batch_size=8, epochs=3, verbose=0, callbacks=[BackupAndRestore(backup)])
+    assert (backup / "latest.ckpt").read_bytes() == before
+
+
 def test_temporary_files_of_a_killed_write_are_removed_at_start(tmp_path):
     for folder in ("backup", "ckpt"):
         (tmp_path / folder).mkdir()
