@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _compat
 from ..compiler import ETraceGraph, compile_graph, format_path
@@ -206,11 +207,12 @@ class Learner:
             return False
         graph = self.graph
         example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
-        example = jax.tree.unflatten(graph.module.input_treedef, [jnp.zeros(e.shape, e.dtype) for e in example])
-        try:
-            now = module_info(self.model, *example, step_fn=self.step_fn, online=self.plan is not None)
-        except Exception:  # the model no longer takes these inputs
-            return False
+        example = jax.tree.unflatten(graph.module.input_treedef, [np.zeros(e.shape, e.dtype) for e in example])
+        with _states_shaped_as(graph):  # states left at another batch size (an evaluation, a last smaller batch)
+            try:
+                now = module_info(self.model, *example, step_fn=self.step_fn, online=self.plan is not None)
+            except Exception:  # the model no longer takes these inputs
+                return False
         return str(now.closed_jaxpr) == str(graph.module.closed_jaxpr)
 
     def compiled(self, xs: Any, targets: Any, step_loss: Callable | None = None,
@@ -604,6 +606,31 @@ def layer_nodes(model: Any) -> list[tuple[str, Any]]:
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))
+
+
+@contextlib.contextmanager
+def _states_shaped_as(graph: ETraceGraph):
+    """Within the block, every state of ``graph``'s step whose value now has other
+    shapes (hidden states at another batch size) holds zeros of the traced shapes; its
+    value is put back after. Tracing the step again at the graph's inputs then sees
+    the graph's shapes: :meth:`Learner.is_current` found every model whose last batch
+    (or an evaluation) had another size changed, and the Trainer compiled its training
+    step again at every ``fit`` (2-8 s a call)."""
+    swapped = []
+    for info in graph.module.states:
+        state = info.state
+        leaves, treedef = jax.tree.flatten(state.value)
+        if len(leaves) != len(info.in_vars) or all(
+                jnp.shape(leaf) == tuple(var.aval.shape) for leaf, var in zip(leaves, info.in_vars)):
+            continue
+        swapped.append((state, state.value))
+        # numpy zeros: no XLA program per shape (the value is only traced)
+        state.value = jax.tree.unflatten(treedef, [np.zeros(var.aval.shape, var.aval.dtype) for var in info.in_vars])
+    try:
+        yield
+    finally:
+        for state, value in swapped:
+            state.value = value
 
 
 def attribute_snapshot(model: Any, nodes: list | None = None) -> dict:

@@ -122,6 +122,27 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     assert compiles[2:] == [compiles[1]] * 4, compiles  # ... and later epochs reuse it all
 
 
+def test_a_later_fit_compiles_nothing_after_a_smaller_batch_or_an_evaluation():
+    """Within a fit the steps are compiled once per batch shape; across fits they were
+    compiled again whenever the last batch (data ending in a smaller batch) or an
+    evaluate in between left the hidden states at another batch size: the learner's
+    check that the model still compiles to the same step traced it at the wrong size
+    and took it for changed (2-8 s a fit in a fit/evaluate loop)."""
+    x, y = _data(20)
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    trainer.fit(x[:12], y[:12], batch_size=8, epochs=1, verbose=0)  # batches of 8 and 4
+    trainer.evaluate(x[12:17], y[12:17], verbose=0)  # 5 sequences
+    with counting_compiles() as count:
+        for _ in range(2):
+            trainer.fit(x[:12], y[:12], batch_size=8, epochs=1, verbose=0)
+            trainer.evaluate(x[12:17], y[12:17], verbose=0)
+    assert count[0] == 0
+    trainer.model.layers[1].v_threshold = 0.9  # a real change is still seen
+    with counting_compiles() as count:
+        trainer.fit(x[:12], y[:12], batch_size=8, epochs=1, verbose=0)
+    assert count[0] > 0
+
+
 def test_a_later_fit_skips_the_shape_checks_it_passed_until_the_model_changes():
     """The first batch's checks (the model's output shape, the loss's one value per
     sample) trace the model and the loss once per batch shape and loss; a later ``fit``
