@@ -266,8 +266,8 @@ def test_an_epochs_points_are_on_disk_when_its_end_is_over_and_a_resumed_run_kee
         sorted(_scalars(tmp_path / "tb" / "train").get("epoch/loss", {}))))
 
     def callbacks(*extra):
-        return [LearningRateScheduler(lambda epoch: 0.01 * 0.5 ** epoch), TensorBoard(tmp_path / "tb", write_graph=False),
-                look, *extra, BackupAndRestore(tmp_path / "backup")]
+        return [LearningRateScheduler(lambda epoch: 0.01 * 0.5 ** epoch),
+                TensorBoard(tmp_path / "tb", write_graph=False), look, *extra, BackupAndRestore(tmp_path / "backup")]
 
     with brainstate.environ.context(dt=1.0), warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)

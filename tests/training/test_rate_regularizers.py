@@ -174,7 +174,8 @@ def test_a_resumed_run_goes_on_with_the_running_rates(tmp_path, resume):
     x, y = rate_data(24)
 
     def regularizers():
-        return [NeuronRateRegularizer(target=0.05, strength=5.0, memory=0.9), RateBounds(lower=0.01, lower_strength=2.0)]
+        return [NeuronRateRegularizer(target=0.05, strength=5.0, memory=0.9),
+                RateBounds(lower=0.01, lower_strength=2.0)]
 
     def trainer():
         return ef.Trainer(_model(), optimizer=optax.adam(3e-2), seed=0, regularizers=regularizers())

@@ -269,7 +269,8 @@ def test_a_csv_filename_that_is_a_folder_fails_before_the_first_batch(tmp_path, 
     (tmp_path / "log.csv").mkdir()
     batches = []
     x, y = _data()
-    with pytest.raises(ConfigError, match=r"CSVLogger: filename .*log\.csv' is a folder; give the path of a \.csv file"):
+    with pytest.raises(ConfigError, match=r"CSVLogger: filename .*log\.csv' is a folder; give the path of a "
+                                          r"\.csv file"):
         ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
             CSVLogger(str(tmp_path / "log.csv"), append=append),
             LambdaCallback(on_train_batch_begin=lambda b, logs: batches.append(b))])
