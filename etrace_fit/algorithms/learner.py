@@ -170,8 +170,8 @@ class Learner:
         time constant held as a number) changed since :func:`compile`: the programs
         would go on with the old value, silently."""
         now = attribute_snapshot(self.model, self._nodes)
-        if now != self._attributes:
-            changed = next(k for k in (*self._attributes, *now) if self._attributes.get(k) != now.get(k))
+        changed = changed_setting(self._attributes, now)
+        if changed is not None:
             raise ConfigError(f"{changed[0]}.{changed[1]} changed from {self._attributes.get(changed[0:2])!r} to "
                               f"{now.get(changed[0:2])!r} since the model was compiled, and the compiled step holds "
                               f"the old value; compile it again (ef.compile(model, ...); a Trainer does at every fit, "
@@ -203,8 +203,8 @@ class Learner:
         """Whether the model still compiles to the same step (no layer attribute such as
         a threshold changed); if not, compile it again. (Recreated states — a new
         ``init_all_states`` — are picked up by :meth:`compiled` on its own.)"""
-        if attribute_snapshot(self.model, self._nodes) != self._attributes:  # a setting or brainstate.environ
-            return False
+        if changed_setting(self._attributes, attribute_snapshot(self.model, self._nodes)) is not None:
+            return False  # a layer setting or brainstate.environ's
         graph = self.graph
         example = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in graph.module.input_vars]
         example = jax.tree.unflatten(graph.module.input_treedef, [np.zeros(e.shape, e.dtype) for e in example])
@@ -631,6 +631,23 @@ def _states_shaped_as(graph: ETraceGraph):
     finally:
         for state, value in swapped:
             state.value = value
+
+
+def changed_setting(compiled: dict, now: dict) -> tuple | None:
+    """The first key of :func:`attribute_snapshot` whose value differs between the
+    snapshot a program was ``compiled`` with and ``now`` (None: the same). An
+    environment setting unset ``now`` is no change: a ``fit`` inside
+    ``brainstate.environ.context(dt=1.0)`` and a ``predict`` after the block run the
+    programs compiled with ``dt = 1`` (the model cannot run without one)."""
+    for key in (*compiled, *now):
+        if key[0] == "brainstate.environ" and key not in now:
+            continue
+        if compiled.get(key, _MISSING) != now.get(key, _MISSING):
+            return key
+    return None
+
+
+_MISSING = object()
 
 
 def attribute_snapshot(model: Any, nodes: list | None = None) -> dict:

@@ -30,8 +30,8 @@ import numpy as np
 import optax
 
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, check_trace_dtype,
-                                  compile as compile_learner, layer_nodes)
+from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting,
+                                  check_trace_dtype, compile as compile_learner, layer_nodes)
 from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
@@ -892,7 +892,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         anew. ``predict`` and ``evaluate`` served the old setting's programs before,
         silently. ~30 µs a call on the demo's model."""
         now = attribute_snapshot(self._model, self._setting_nodes)
-        if now != self._settings:
+        if now != self._settings and changed_setting(self._settings, now) is not None:
             self._settings = now
             self._drop_programs()
 

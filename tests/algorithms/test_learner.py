@@ -209,6 +209,15 @@ def test_a_changed_time_step_is_followed_like_a_layer_setting():
     np.testing.assert_array_equal(after, fresh)
     assert not np.allclose(after, before)
     assert_grads_match(to_host(grads_half), expected, 1e-4)
+    # dt unset after the block is no change: the learner runs what it compiled with dt = 1
+    with brainstate.environ.context(dt=1.0):
+        brainstate.nn.init_all_states(model, batch_size=B)
+        held = ef.compile(model, xs[0], mse, algo="d_rtrl")
+        inside, _ = held.grad(xs, ys)
+        brainstate.nn.reset_all_states(model, batch_size=B)  # grad goes on from the states it finds
+    outside, _ = held.grad(xs, ys)
+    for a, b in zip(jax.tree.leaves(outside), jax.tree.leaves(inside)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.allclose(leaves_by_name(to_host(grads_1))["layers.0.weight['weight']"],
                            leaves_by_name(expected)["layers.0.weight['weight']"])
 
