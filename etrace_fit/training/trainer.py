@@ -681,12 +681,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             read = functools.partial(batches, x, y, batch_size=batch_size, shuffle=shuffle,
                                      drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
-            data = read(seed=self.seed + epoch)
             if steps_per_epoch is not None and is_array:  # Keras: the next epoch goes on where this one ended
                 data = _epoch_of_passes(read, epoch, steps_per_epoch, self.seed,
                                         len(x) // batch_size if drop_remainder else -(-len(x) // batch_size))
-            elif steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
-                data = itertools.islice(data, steps_per_epoch)
+            else:
+                data = read(seed=self.seed + epoch)
+                if steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
+                    data = itertools.islice(data, steps_per_epoch)
             try:
                 data = _first_batch_ahead(data)
             except NoBatches:
