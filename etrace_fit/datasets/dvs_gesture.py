@@ -141,7 +141,17 @@ def _gestures(recordings: list[pathlib.Path], downsample: int, labels: list[int]
             raise DataError(f"{recording}: an event at x={int(events['x'].max())}, y={int(events['y'].max())} is "
                             f"outside the {SENSOR} x {SENSOR} sensor")
         units = (events["p"].astype(np.int64) * side + events["y"] // downsample) * side + events["x"] // downsample
-        for label, start, end in read_labels(recording.with_name(recording.stem + "_labels.csv")):
+        labels_file = recording.with_name(recording.stem + "_labels.csv")
+        rows = read_labels(labels_file)
+        if events.size:
+            first, last = int(events["t"].min()), int(events["t"].max())
+            outside = (rows[:, 2] <= first) | (rows[:, 1] > last)
+            if outside.any():
+                row = int(np.argmax(outside))
+                raise DataError(f"{labels_file}: row {row + 1} {rows[row].tolist()} lies outside the recording, whose "
+                                f"events span t = {first}..{last} µs: expected the labels of {recording.name}, "
+                                f"in µs on the recording's clock (class,startTime_usec,endTime_usec)")
+        for label, start, end in rows:
             inside = (events["t"] >= start) & (events["t"] < end)
             labels.append(int(label) - 1)
             yield (events["t"][inside] - start) * 1e-6, units[inside]
@@ -193,7 +203,7 @@ def load_dvs_gesture(
     def build() -> dict[str, np.ndarray]:
         labels: list[int] = []
         x, lengths = bin_samples(_gestures(recordings, downsample, labels), 2 * side * side, dt=dt,
-                                 num_bins=num_bins, max_time=max_time)
+                                 num_bins=num_bins, max_time=max_time, source=str(root))
         return {"x": x, "y": np.asarray(labels, np.int32), "lengths": lengths}
 
     arrays = load_binned(f"dvs_gesture_{split}", root, cache, key, build)

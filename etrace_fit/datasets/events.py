@@ -24,7 +24,7 @@ from ..errors import ConfigError, DataError
 
 __all__ = ["bin_events", "bin_samples", "cached", "pad_sequences"]
 
-CACHE_FORMAT = 1  # bump when the cached arrays change meaning: older files are then rebuilt
+CACHE_FORMAT = 2  # bump when the cached arrays change meaning: older files are then rebuilt
 _EDGE_DECIMALS = 9  # t / width is rounded to this many decimals, so t = k * dt lands in bin k
 #: The most entries (bins × units) one sample may bin to: 1e9 (4 GB as float32). More is
 #: a sign of times in the wrong unit (µs read as s), refused as such instead of a
@@ -46,12 +46,20 @@ def check_binning(dt: float | None, num_bins: int | None, duration: float | None
                           f"got {duration!r}")
 
 
-def _bin_index(times: np.ndarray, width: float) -> np.ndarray:
-    """``floor(t / width)``, with ``t`` within 1e-9 bins of an edge counted as on it."""
-    return np.floor(np.round(times / width, _EDGE_DECIMALS)).astype(np.int64)
+def _bin_index(times: np.ndarray, width: float, stored: np.dtype) -> np.ndarray:
+    """``floor(t / width)``, with ``t`` on an edge when it is within 1e-9 bins of it or
+    is the edge rounded to the dtype the times came in (``stored``): SHD publishes
+    float16 seconds, in which 0.03 is 0.029998…, still bin 3 with ``dt = 0.01``."""
+    scaled = times / width
+    index = np.floor(np.round(scaled, _EDGE_DECIMALS)).astype(np.int64)
+    if np.issubdtype(stored, np.floating) and np.finfo(stored).eps > np.finfo(np.float64).eps:
+        edge = np.round(scaled) * width
+        on_edge = edge.astype(stored).astype(np.float64) == times
+        index = np.where(on_edge, np.round(scaled).astype(np.int64), index)
+    return index
 
 
-def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, np.ndarray, np.dtype]:
     if isinstance(num_units, bool) or not isinstance(num_units, (int, np.integer)) or num_units < 1:
         raise ConfigError(f"bin_events: num_units must be a positive int, got {num_units!r}")
     times, units = np.asarray(times), np.asarray(units)
@@ -60,7 +68,7 @@ def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, n
                         f"got times {times.shape} and units {units.shape}")
     if not (np.issubdtype(times.dtype, np.floating) or np.issubdtype(times.dtype, np.integer)):
         raise DataError(f"bin_events: times must be numbers (seconds), got dtype {times.dtype}")
-    times = times.astype(np.float64)
+    stored, times = times.dtype, times.astype(np.float64)
     if not np.isfinite(times).all() or (times < 0).any():
         bad = int(np.argmax(~np.isfinite(times) | (times < 0)))
         raise DataError(f"bin_events: times must be finite and >= 0 (seconds from the sample's start), "
@@ -71,7 +79,7 @@ def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, n
         bad = int(np.argmax((units < 0) | (units >= num_units)))
         raise DataError(f"bin_events: units must be in [0, {num_units}) (num_units={num_units}), "
                         f"got units[{bad}] = {int(units[bad])}")
-    return times, units.astype(np.int64)
+    return times, units.astype(np.int64), stored
 
 
 def bin_events(
@@ -100,7 +108,8 @@ def bin_events(
         dtype: the dtype of the counts.
 
     Event ``t`` goes to bin ``floor(t / width)`` (``width`` = ``dt`` or
-    ``duration / num_bins``); a time within 1e-9 bins of an edge counts as on it, so
+    ``duration / num_bins``); a time within 1e-9 bins of an edge, or equal to the edge
+    rounded to the times' own dtype (float16 / float32 files), counts as on it, so
     ``t = k * dt`` lands in bin ``k`` despite float rounding. Counts are exact.
 
     Raises:
@@ -113,23 +122,26 @@ def bin_events(
         bin_events([0.0, 0.0015, 0.0025], [3, 3, 0], 4, dt=0.001)  # (3, 4)
     """
     check_binning(dt, num_bins, duration, "bin_events")
-    times, units = _check_events(times, units, num_units)
+    times, units, stored = _check_events(times, units, num_units)
+    kept = np.ones(times.shape, bool)
     if num_bins is not None:
         steps, span = int(num_bins), duration if duration is not None else (times.max() if times.size else 0.0)
-        index = _bin_index(times, span / steps) if span > 0 else np.zeros(times.shape, np.int64)
+        index = _bin_index(times, span / steps, stored) if span > 0 else np.zeros(times.shape, np.int64)
         if duration is None:  # the window is closed at the last event: it lands in the last bin
             index = np.minimum(index, steps - 1)
     else:
-        index = _bin_index(times, dt)
+        index = _bin_index(times, dt, stored)
         if duration is not None:
             steps = int(np.ceil(np.round(duration / dt, _EDGE_DECIMALS)))
+            # the window is [0, duration) even when its last bin is partial (duration not a multiple of dt)
+            kept = _bin_index(times, duration, stored) < 1
         else:
             steps = int(index.max()) + 1 if index.size else 0
     if steps * num_units > MAX_BINNED_ENTRIES:
         raise DataError(f"bin_events: the events span {steps} bins of {num_units} units ({steps * num_units:.3g} "
                         f"entries, over {MAX_BINNED_ENTRIES:.0e}): the last event is at t = {times.max():g}; are the "
                         f"times in seconds (not µs or ms), and dt = {dt} in seconds too? Or give max_time / num_bins")
-    kept = index < steps
+    kept &= index < steps
     flat = index[kept] * num_units + units[kept]
     counts = np.bincount(flat, minlength=steps * num_units)
     return counts.reshape(steps, num_units).astype(dtype)
@@ -176,6 +188,7 @@ def bin_samples(
     num_bins: int | None = None,
     max_time: float | None = None,
     count: int | None = None,
+    source: str = "bin_samples",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bin many samples' ``(times, units)`` into one float32 array, with their lengths.
 
@@ -183,7 +196,10 @@ def bin_samples(
     ``num_bins`` or ``max_time`` every sample has the same ``T``; with ``dt`` and no
     ``max_time`` each has its own and the shorter ones are zero-padded
     (:func:`pad_sequences`). ``count``, the number of samples when known, lets a fixed
-    ``T`` be filled in place (no second copy of the data).
+    ``T`` be filled in place (no second copy of the data). Samples whose events all
+    fall at or after ``max_time`` are all zeros: a warning names how many, and a
+    ``DataError`` (naming ``source``, the files read) when that is every sample — the
+    sign of times in ms or µs.
 
     Returns:
         ``x: (N, T, num_units)`` float32 counts and ``lengths: (N,)`` int64: the steps
@@ -194,9 +210,11 @@ def bin_samples(
     fixed = num_bins if num_bins is not None else (
         int(np.ceil(np.round(max_time / dt, _EDGE_DECIMALS))) if max_time is not None else None)
     filled = np.zeros((count, fixed, num_units), np.float32) if count is not None and fixed is not None else None
-    counts, lengths = [], []
+    counts, lengths, emptied, earliest = [], [], 0, np.inf
     for i, (times, units) in enumerate(samples):
         sample = bin_events(times, units, num_units, dt=dt, num_bins=num_bins, duration=max_time)
+        if len(times) and not sample.any():  # every event at or after max_time
+            emptied, earliest = emptied + 1, min(earliest, float(np.min(times)))
         active = np.flatnonzero(sample.any(axis=1))
         lengths.append(max(int(active[-1]) + 1 if active.size else 0, 1))
         if filled is not None:
@@ -205,6 +223,13 @@ def bin_samples(
             counts.append(sample)
     if not lengths:
         raise DataError("bin_samples: got no samples; expected an iterable of (times, units) pairs")
+    if emptied:
+        message = (f"{emptied} of {len(lengths)} samples have events but none before max_time = {max_time} s (the "
+                   f"earliest of theirs at t = {earliest:g} s), so they are all zeros: are the times in seconds (not "
+                   f"ms or µs), or is max_time too short?")
+        if emptied == len(lengths):
+            raise DataError(f"{source}: {message}")
+        warnings.warn(f"{source}: {message}", RuntimeWarning, stacklevel=3)
     if filled is not None:
         if len(lengths) != count:
             raise DataError(f"bin_samples: count={count} but the samples gave {len(lengths)}")

@@ -114,7 +114,7 @@ def load_nmnist(
 
     def build() -> dict[str, np.ndarray]:
         x, lengths = bin_samples((_sample(f) for f in files), 2 * SIZE * SIZE, dt=dt, num_bins=num_bins,
-                                 max_time=max_time, count=len(files))
+                                 max_time=max_time, count=len(files), source=str(root))
         return {"x": x, "y": labels, "lengths": lengths}
 
     arrays = load_binned(f"nmnist_{split}", root, cache, key, build)

@@ -105,7 +105,8 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
             first = int(np.argmax(outside))
             raise DataError(f"{path}: sample {first} has label {int(y[first])}; expected 0..{classes - 1} "
                             f"({classes} classes)")
-        x, lengths = bin_samples(samples(), NUM_UNITS, dt=dt, num_bins=num_bins, max_time=max_time, count=len(labels))
+        x, lengths = bin_samples(samples(), NUM_UNITS, dt=dt, num_bins=num_bins, max_time=max_time, count=len(labels),
+                                source=str(path))
         return {"x": x, "y": y.astype(np.int32), "lengths": lengths}
 
 

@@ -162,6 +162,16 @@ def test_a_bad_labels_file_names_the_file_and_what_was_expected(gesture_root, te
         load_dvs_gesture(root, "test", dt=0.1, cache=False)
 
 
+@pytest.mark.parametrize("row", ["3,9000000,9500000", "3,3000000,3000400"])  # past the recording's last event
+def test_a_labels_row_outside_the_recording_is_an_error_not_an_empty_sample(gesture_root, row):
+    root, _ = gesture_root
+    (root / "user02_lab_labels.csv").write_text(f"class,startTime_usec,endTime_usec\n5,500000,900000\n{row}\n")
+    with pytest.raises(DataError, match=rf"user02_lab_labels\.csv: row 2 \[3, {row.split(',')[1]}, .* lies outside "
+                                        r"the recording, whose events span t = \d+\.\.\d+ µs: expected the labels "
+                                        r"of user02_lab\.aedat, in µs"):
+        load_dvs_gesture(root, "test", dt=0.1, max_time=0.5, cache=False)
+
+
 def test_bad_arguments_are_config_errors(gesture_root):
     root, _ = gesture_root
     with pytest.raises(ConfigError, match="downsample must be a positive int"):

@@ -40,6 +40,34 @@ def test_events_at_or_after_the_duration_are_dropped():
     np.testing.assert_array_equal(counts[:, 0], [1, 0, 1])
 
 
+def test_a_duration_between_bin_edges_still_drops_the_events_after_it():
+    # T = ceil(0.25 / 0.1) = 3: the last bin is partial, [0.2, 0.25); 0.27 and 0.29 s are outside the window
+    counts = bin_events([0.05, 0.21, 0.25, 0.27, 0.29], [0, 0, 0, 0, 0], 1, dt=0.1, duration=0.25)
+    np.testing.assert_array_equal(counts[:, 0], [1, 0, 1])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_times_on_an_edge_stored_in_a_short_float_land_in_the_bin_that_starts_there(dtype):
+    # float32(0.03) = 0.029999999 and float16(0.03) = 0.029998779: rounding of the edge, not an earlier time
+    k = np.arange(1, 11)
+    counts = bin_events((k * 0.01).astype(dtype), np.zeros(10, np.int64), 1, dt=0.01, duration=0.2)
+    np.testing.assert_array_equal(np.flatnonzero(counts[:, 0]), k)
+    # times that are not an edge's rounding keep their floor: one float16 step below 0.03 is bin 2
+    below = np.nextafter(np.float16(0.03), np.float16(0))
+    assert np.flatnonzero(bin_events(np.array([below]), [0], 1, dt=0.01, duration=0.05)[:, 0]).tolist() == [2]
+
+
+def test_samples_whose_events_all_fall_after_max_time_warn_and_all_of_them_is_an_error():
+    in_ms = [(np.array([12.0, 350.0]), np.array([1, 2])), (np.array([40.0]), np.array([3]))]
+    with pytest.raises(DataError, match=r"shd_train\.h5: 2 of 2 samples have events but none before max_time = 1\.0 s "
+                                        r"\(the earliest of theirs at t = 12 s\).*seconds \(not ms or µs\)"):
+        bin_samples(iter(in_ms), 4, dt=0.01, max_time=1.0, source="shd_train.h5")
+    mixed = [(np.array([0.5]), np.array([0])), (np.array([3.0]), np.array([1])), (np.array([]), np.array([], int))]
+    with pytest.warns(RuntimeWarning, match=r"1 of 3 samples have events but none before max_time"):
+        x, _ = bin_samples(iter(mixed), 4, dt=0.1, max_time=1.0)
+    assert x.shape == (3, 10, 4) and x.sum() == 1
+
+
 def test_num_bins_without_a_duration_puts_the_last_event_in_the_last_bin():
     counts = bin_events([0.0, 0.5, 1.0], [0, 1, 1], 2, num_bins=4)
     np.testing.assert_array_equal(counts, [[1, 0], [0, 0], [0, 1], [0, 1]])
