@@ -294,11 +294,16 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
             written=is_written, unit=u.get_unit(state.value), state=state,
         ))
 
-    if not any(s.kind == HIDDEN for s in states):
+    if online and not any(s.kind == HIDDEN for s in states):
         raise CompilationError(
             f"{type(model).__name__} has no hidden state that its step writes: there is nothing to "
             f"learn online. Online rules need recurrent or spiking layers (brainstate.HiddenState); "
             f"for a stateless model use plain jax.grad"
+        )
+    if not online and not any(s.written for s in states):  # BPTT takes memory in any state the step writes
+        raise CompilationError(
+            f"{type(model).__name__} writes no state in its step: nothing is carried from step to step, so "
+            f"there is no time to backpropagate through; for a stateless model use plain jax.grad"
         )
     output_treedef = jax.tree.structure(out_shapes)
     input_treedef = jax.tree.structure(example_inputs)

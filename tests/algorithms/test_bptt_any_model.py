@@ -8,7 +8,8 @@ models the online rules refuse with a ``CompilationError`` (each named in its me
 - a delay buffer ``(B, N, D)`` beside its ``(B, N)`` membrane (hidden states of two
   shapes cannot form one hidden group);
 - a ``jax.custom_vjp`` spike that mixes units (no forward-mode derivative);
-- a membrane kept in a plain ``brainstate.State`` (no trace would follow it).
+- a membrane kept in a plain ``brainstate.State`` (no trace would follow it), beside
+  a ``HiddenState`` or as the model's only memory.
 
 Under ``algo="bptt"`` and ``TBPTT`` each gives the reference gradient (float64,
 ``brainstate.transform.grad`` over ``brainstate.transform.for_loop``; ``_helpers``),
@@ -114,10 +115,30 @@ class PlainStateLeaky(brainstate.nn.Module):
         return self.h.value
 
 
+class PlainStateOnly(brainstate.nn.Module):
+    """The same unit with its plain ``State`` as the model's only memory (BPTT refused
+    it as a model with "nothing to learn online")."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.v = brainstate.State(jnp.zeros((batch_size, self.n), brainstate.environ.dftype()))
+
+    def reset_state(self, batch_size=None, **kwargs):
+        self.v.value = jnp.zeros((batch_size, self.n), brainstate.environ.dftype())
+
+    def update(self, x):
+        self.v.value = 0.8 * self.v.value + jnp.tanh(x)
+        return self.v.value
+
+
 NEURONS = {
     "buffer beside membrane": (BufferLIF, r"differ in shape, so they cannot form one hidden group"),
     "unit-mixing custom_vjp": (CentredLIF, r"the jax.custom_vjp function centred_spike .* mixes entries"),
     "plain State memory": (PlainStateLeaky, r"State layers\.1\.v is carried from step to step"),
+    "plain State alone": (PlainStateOnly, r"State layers\.1\.v is carried from step to step"),
 }
 
 
@@ -154,6 +175,22 @@ def test_the_bptt_report_says_why_there_are_no_hidden_groups():
         report = ef.compile(model, jnp.ones((B, I)), lambda o, y: jnp.sum((o - y) ** 2), algo="bptt").report()
     assert "hidden groups:\n  none (BPTT needs none): hidden states layers.1.buffer (3, 8, 3), layers.1.V (3, 8)" \
         in report, report
+
+
+class Stateless(brainstate.nn.Module):
+    def update(self, x):
+        return jnp.tanh(x)
+
+
+@pytest.mark.parametrize("algo, match", [
+    ("bptt", r"Sequential writes no state in its step: nothing is carried from step to step, so there is no time to "
+             r"backpropagate through; for a stateless model use plain jax.grad"),
+    ("d_rtrl", r"Sequential has no hidden state that its step writes: there is nothing to learn online")])
+def test_a_model_without_memory_is_refused_saying_so(algo, match):
+    with brainstate.environ.context(precision=64, dt=1.0):
+        model = L.Sequential(lin(I, N, 0), Stateless(), lin(N, O, 2))
+        with pytest.raises(CompilationError, match=match):
+            ef.compile(model, jnp.ones((B, I)), lambda o, y: jnp.sum((o - y) ** 2), algo=algo)
 
 
 @pytest.mark.parametrize("name", list(NEURONS))
