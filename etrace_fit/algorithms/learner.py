@@ -642,7 +642,7 @@ def changed_setting(compiled: dict, now: dict) -> tuple | None:
     for key in (*compiled, *now):
         if key[0] == "brainstate.environ" and key not in now:
             continue
-        if compiled.get(key, _MISSING) != now.get(key, _MISSING):
+        if not _same(compiled.get(key, _MISSING), now.get(key, _MISSING)):
             return key
     return None
 
@@ -651,20 +651,126 @@ _MISSING = object()
 
 
 def attribute_snapshot(model: Any, nodes: list | None = None) -> dict:
-    """``{(layer path, name): value}`` of every layer's public setting held as a plain
-    number, string or tuple of them, and ``{("brainstate.environ", name): value}`` of the
-    environment's (``dt``, ``precision``; but ``fit``, which the library sets while it
-    traces): the values a traced step bakes in. ``nodes``: :func:`layer_nodes`' list,
-    if kept."""
+    """``{(layer path, name): value}`` of every layer's public setting, and
+    ``{("brainstate.environ", name): value}`` of the environment's (``dt``,
+    ``precision``; but ``fit``, which the library sets while it traces): the values a
+    traced step bakes in. A setting is anything but a state or a module (those are the
+    step's inputs and the other layers): a number, a string, an array (compared by
+    value; a numpy array is copied, since it can change in place), a surrogate or any
+    other object (a dataclass by its fields, another object by its public attributes, a
+    function by identity), and containers of them. A surrogate swapped in to anneal its
+    slope, or a fixed time constant held as an array, changed the gradients while a
+    snapshot of numbers alone saw no change. ``nodes``: :func:`layer_nodes`' list, if
+    kept."""
     found = {("brainstate.environ", name): value for name, value in brainstate.environ.all().items()
              if name != "fit" and isinstance(value, _PLAIN)}
     for path, node in layer_nodes(model) if nodes is None else nodes:
         for name, value in vars(node).items():
-            if name.startswith("_"):
+            if name.startswith("_") or isinstance(value, (brainstate.State, brainstate.nn.Module)):
                 continue
-            if isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
-                found[(path, name)] = value
+            frozen = _setting(value, 0)
+            if frozen is not _SKIP:
+                found[(path, name)] = frozen
     return found
+
+
+_SKIP = object()  # no setting: a state, a module, a tracer
+
+
+class _Setting:
+    """A setting that is not a plain value, as compared between snapshots: its ``key``
+    (plain values, tuples, arrays, :class:`_Ref`) by :func:`_same`, shown as ``shown``
+    (made readable only when an error names it)."""
+
+    __slots__ = ("key", "shown")
+
+    def __init__(self, key: Any, shown: Any):
+        self.key, self.shown = key, shown
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Setting) and _same(self.key, other.key)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return _short_repr(self.shown)
+
+
+class _Ref:
+    """An object compared by identity (a function, or past the depth followed)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _setting(value: Any, depth: int) -> Any:
+    """``value`` as :func:`attribute_snapshot` keeps it (``_SKIP``: not a setting)."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (brainstate.State, brainstate.nn.Module)) or _compat.is_tracer(value):
+        return _SKIP
+    if isinstance(value, (np.ndarray, np.generic)):
+        copy = np.array(value, copy=True)
+        return _Setting(copy, copy)
+    if isinstance(value, jax.Array):  # immutable: kept as it is
+        return _Setting(value, value)
+    if isinstance(value, (tuple, list)):
+        items = tuple(_setting(v, depth + 1) for v in value)
+        if all(isinstance(v, _PLAIN) for v in items) and isinstance(value, tuple):
+            return items  # a plain tuple stays one (the snapshot's older form)
+        return _Setting((type(value).__name__, items), value)
+    if isinstance(value, dict):
+        return _Setting(("dict", tuple((repr(k), _setting(v, depth + 1)) for k, v in value.items())), value)
+    if depth < 3 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = tuple((f.name, _setting(getattr(value, f.name, None), depth + 1)) for f in dataclasses.fields(value))
+        return _Setting((type(value), fields), value)
+    mantissa = getattr(value, "mantissa", None)
+    if mantissa is not None and hasattr(value, "unit"):  # a saiunit Quantity
+        return _Setting(("Quantity", _setting(mantissa, depth + 1), str(value.unit)), value)
+    if depth < 3 and not callable(value) and hasattr(value, "__dict__"):
+        attributes = tuple((k, _setting(v, depth + 1)) for k, v in vars(value).items() if not k.startswith("_"))
+        return _Setting((type(value), attributes), value)
+    return _Setting(_Ref(value), value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two snapshot values are the same setting (arrays by value, NaN equal to
+    NaN, :class:`_Ref` by identity)."""
+    if a is b:
+        return True
+    if isinstance(a, _Setting) or isinstance(b, _Setting):
+        return isinstance(a, _Setting) and isinstance(b, _Setting) and _same(a.key, b.key)
+    if isinstance(a, _Ref) or isinstance(b, _Ref):
+        return isinstance(a, _Ref) and isinstance(b, _Ref) and a.value is b.value
+    arrays = (np.ndarray, np.generic, jax.Array)
+    if isinstance(a, arrays) or isinstance(b, arrays):
+        if not (isinstance(a, arrays) and isinstance(b, arrays)) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a, b = np.asarray(a), np.asarray(b)
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a and b != b:  # NaN
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value
+        return False
+
+
+def _short_repr(value: Any) -> str:
+    """A repr for error messages, cut to one readable line."""
+    try:
+        text = np.array2string(np.asarray(value), threshold=8) if isinstance(value, (np.ndarray, jax.Array)) \
+            else repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _etp_equations(graph: ETraceGraph) -> list[int]:

@@ -88,6 +88,85 @@ def test_a_changed_layer_attribute_is_never_served_a_stale_program():
     assert not np.allclose(after[("layers", 0, "weight")]["weight"], before[("layers", 0, "weight")]["weight"])
 
 
+class _Gain:
+    """A setting object of the user's own (no dataclass): followed by its attributes."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _swap_surrogate(lif):
+    lif.surrogate = L.Triangle(width=0.3)  # surrogates are frozen: annealing a slope swaps them
+
+
+def _fixed_tau_array(lif):
+    lif.tau = L.time_constant(lif, 3.0, N, learn=False)  # a jax array
+
+
+def _numpy_in_place(lif):
+    lif.scale[:] = 0.5  # the same numpy array, changed in place
+
+
+def _own_object_in_place(lif):
+    lif.gain.value = 0.5
+
+
+CHANGES = {"surrogate swapped": _swap_surrogate, "fixed tau array": _fixed_tau_array,
+           "numpy array in place": _numpy_in_place, "own object's attribute": _own_object_in_place}
+
+
+class _ScaledLIF(L.LIF):
+    """The built-in LIF with two settings of the kinds users hold: a numpy array and an
+    object of their own, both read by the step."""
+
+    def __init__(self, n, **kwargs):
+        super().__init__(n, **kwargs)
+        self.scale, self.gain = np.ones(n), _Gain(1.0)
+
+    def update(self, x):
+        return super().update(x * jnp.asarray(self.scale) * self.gain.value)
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("algo", ["d_rtrl", "bptt"])
+def test_settings_that_are_not_numbers_are_followed_too(change, algo):
+    """A surrogate swapped in, a fixed time constant held as an array, a numpy array or
+    an object of the user's changed in place: each changes the step, but only plain
+    numbers were compared, so sequence_grad, the Trainer and gradient_fidelity went on
+    with the old program (layers.0 weight 0.4–1.9 away from BPTT's), and a held learner
+    served it."""
+    case = Case(lambda: ef.Sequential(lin(I, N, 0, 2.0), _ScaledLIF(N, tau=5.0), lin(N, O, 2)),
+                (T, B, I), (T, B, O), 64)
+    with case.env():
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        learner = ef.compile(case.model, case.xs[0], mse, algo=algo)
+        before, _ = ef.sequence_grad(case.model, case.xs, case.ys, mse, algo=algo)
+        CHANGES[change](case.model.layers[1])
+        assert not learner.is_current()
+        with pytest.raises(ef.ConfigError, match=r"layers\.1\.(surrogate|tau|scale|gain) changed from .* since the "
+                                                 r"model was compiled"):
+            learner.grad(case.xs, case.ys)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        after, _ = ef.sequence_grad(case.model, case.xs, case.ys, mse, algo=algo)
+        expected, _ = reference_bptt(case.model, case.xs, case.ys, mse, B)
+    assert_grads_match(before, case.ref_grads, 1e-8)
+    assert_grads_match(after, expected, 1e-8)
+    assert not np.allclose(expected[("layers", 0, "weight")]["weight"], before[("layers", 0, "weight")]["weight"])
+
+
+def test_an_unchanged_model_keeps_its_learner_whatever_its_settings_hold():
+    """Settings compared by value: a numpy array (NaN included), an object, a surrogate
+    left alone are no change, so nothing compiles again."""
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(lin(I, N, 0, 2.0), _ScaledLIF(N, tau=5.0), lin(N, O, 2))
+        model.layers[1].unused = np.array([np.nan, 1.0])
+        brainstate.nn.init_all_states(model, batch_size=B)
+        learner = ef.compile(model, jnp.zeros((B, I)), mse, algo="d_rtrl")
+        assert learner.is_current()
+        model.layers[1].scale = np.ones(N)  # another array of the same values
+        assert learner.is_current()
+
+
 def test_trainer_compiles_again_when_the_model_changed_between_fits():
     rng = np.random.default_rng(0)
     x, y = (rng.random((8, 10, I)) < 0.4).astype(np.float32), rng.integers(0, O, 8)
