@@ -278,8 +278,12 @@ class Monitor:
     """Tracks the best value of one logged key (shared by EarlyStopping,
     ReduceLROnPlateau and ModelCheckpoint).
 
-    ``mode="auto"`` means ``max`` for accuracy-like keys and ``min`` otherwise; an
-    improvement must beat the best by more than ``min_delta``.
+    ``mode="auto"`` means ``min`` for a loss and the error metrics (``mse``, ``mae``),
+    ``max`` for accuracy-like keys (``acc``, ``auc``, ``precision``, ``recall`` in the
+    name); for any other key (a metric of your own: ``val_f1``) it stays ``"auto"`` and
+    a callback that compares values refuses it before training, as Keras 3 does (it
+    was taken as ``min`` and kept the worst epochs of an F1). An improvement must beat
+    the best by more than ``min_delta``.
     """
 
     def __init__(self, owner: str, monitor: str, mode: str = "auto", min_delta: float = 0.0):
@@ -288,13 +292,23 @@ class Monitor:
         if mode not in ("auto", "min", "max"):
             raise ConfigError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
         if mode == "auto":
-            mode = "max" if any(k in monitor for k in ("acc", "auc", "precision", "recall")) else "min"
+            mode = auto_mode(monitor) or "auto"
         self.owner, self.key, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
         self.reset()
 
     def reset(self) -> None:
         """No best value yet."""
-        self.best = float("inf") if self.mode == "min" else float("-inf")
+        self.best = float("-inf") if self.mode == "max" else float("inf")
+
+    def check_mode(self) -> None:
+        """:class:`~etrace_fit.ConfigError` when ``mode="auto"`` could not tell whether
+        the key is to go up or down."""
+        from ..errors import ConfigError
+
+        if self.mode == "auto":
+            raise ConfigError(f"{self.owner}: cannot tell whether {self.key!r} should go up or down (mode='auto' "
+                              f"knows losses, mse / mae and accuracy-like names); pass mode='max' to keep the "
+                              f"highest value, or mode='min' for the lowest")
 
     def check(self, trainer: Any, callbacks: Iterable[Callback], what: str = "monitor") -> None:
         """Before training: :class:`~etrace_fit.ConfigError` if ``fit`` will never log the
@@ -335,10 +349,13 @@ class Monitor:
                           f"skipped", RuntimeWarning, stacklevel=3)
         return None
 
-    def improves(self, value: float) -> bool:
+    def improves(self, value: float, reference: float | None = None) -> bool:
+        """Whether ``value`` beats the best so far (or ``reference``) by more than ``min_delta``."""
+        self.check_mode()
+        reference = self.best if reference is None else reference
         if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+            return value < reference - self.min_delta
+        return value > reference + self.min_delta
 
 
 def check_verbose_flag(owner: str, verbose: Any) -> int:
@@ -352,6 +369,16 @@ def check_verbose_flag(owner: str, verbose: Any) -> int:
     return int(verbose)
 
 
+def auto_mode(monitor: str) -> str | None:
+    """``"min"`` / ``"max"`` for a key whose direction its name tells, else None."""
+    name = monitor.removeprefix("val_")
+    if name.endswith("loss") or name in ("mse", "mae", "mean_squared_error", "mean_absolute_error"):
+        return "min"
+    if any(k in name for k in ("acc", "auc", "precision", "recall")):
+        return "max"
+    return None
+
+
 class MonitoredCallback(Callback):
     """A callback that tracks the best value of one logged key through ``self._monitor``."""
 
@@ -362,8 +389,12 @@ class MonitoredCallback(Callback):
         return f"{type(self).__name__}:{self._monitor.key}"
 
     def _check_monitor(self) -> None:
-        """At ``on_train_begin``: the monitored key is one this fit will log (:meth:`Monitor.check`)."""
+        """At ``on_train_begin``: the monitored key is one this fit will log (:meth:`Monitor.check`)
+        and ``mode`` says which way it improves (:meth:`Monitor.check_mode`; for a key a
+        callback adds, at its first value)."""
         self._monitor.check(self.model, self._others())
+        if self._monitor.key in (getattr(self.model, "fit_log_keys", None) or ()):
+            self._monitor.check_mode()
 
     def _others(self) -> list[Callback]:
         """The fit's other callbacks."""

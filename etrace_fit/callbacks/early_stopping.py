@@ -24,7 +24,9 @@ class EarlyStopping(MonitoredCallback):
         patience: epochs without improvement before stopping.
         verbose: 1 prints when it stops and when it restores the best weights (Keras' lines).
         mode: ``"min"``, ``"max"`` or ``"auto"`` (``max`` for accuracy-like keys).
-        baseline: stop if the value does not beat this within ``patience`` epochs.
+        baseline: stop if the value does not beat this within ``patience`` epochs (as in
+            Keras, the best epoch is still tracked, and its weights restored, when none
+            beats it).
         restore_best_weights: put the best epoch's weights back when stopping or at the end
             (a run resumed by ``BackupAndRestore`` keeps them: they are saved in its backups).
         start_from_epoch: epochs of warm-up before the monitor is watched (Keras'; the
@@ -57,17 +59,20 @@ class EarlyStopping(MonitoredCallback):
         if self._new_run():  # Keras: a reused instance starts afresh (a restored run keeps its progress)
             self._monitor.reset()
             self.wait, self.best_epoch, self.stopped_epoch, self.best_weights = 0, -1, -1, None
-        if self.baseline is not None and self.best_epoch < 0:
-            self.best = self.baseline
 
     def on_epoch_end(self, epoch, logs=None):
         value = self._current(epoch, logs)
         if value is None or epoch < self.start_from_epoch:  # Keras: the warm-up is not watched
             return
         if self._monitor.improves(value):
-            self.best, self.best_epoch, self.wait = value, epoch, 0
+            self._monitor.best, self.best_epoch = value, epoch
             if self.restore_best_weights:
                 self.best_weights = self.model.get_weights()
+            # Keras: the wait starts again only for a value that beats the baseline too; the best
+            # epoch (and its weights) is tracked either way, so a run that never beats the
+            # baseline still ends on its best weights; an improving epoch never stops the run
+            beats_baseline = self.baseline is None or self._monitor.improves(value, self.baseline)
+            self.wait = 0 if beats_baseline else self.wait + 1
             return
         self.wait += 1
         if self.wait >= max(self.patience, 1):

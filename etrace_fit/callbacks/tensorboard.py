@@ -383,9 +383,10 @@ class TensorBoard(Callback):
             finite = [v for v in values if math.isfinite(v)]
             if not finite or key == "learning_rate":
                 continue
-            best = max(finite) if Monitor("TensorBoard", key).mode == "max" else min(finite)
             metrics[f"hparam/final_{key}"] = float(values[-1])
-            metrics[f"hparam/best_{key}"] = float(best)
+            mode = Monitor("TensorBoard", key).mode
+            if mode != "auto":  # a metric of the user's whose direction its name does not tell: no best
+                metrics[f"hparam/best_{key}"] = float(max(finite) if mode == "max" else min(finite))
         return metrics
 
     def on_train_end(self, logs=None):

@@ -313,13 +313,16 @@ class Evaluation:
         return self.predict(x, batch_size=max(1, len(x)), verbose=0)
 
     def predict(self, x: Any, batch_size: int | None = 32, verbose: int | str = "auto", steps: int | None = None,
-                callbacks: Sequence[Any] | None = None, last_only: bool = True) -> np.ndarray:
+                callbacks: Sequence[Any] | None = None, last_only: bool = True, mask: Any = None) -> np.ndarray:
         """Outputs: ``(N, ...)`` at the last step, or every step (``last_only=False``:
         batch-major ``(N, T, ...)``, time-major if the trainer is). ``x``: an array cut
         into batches of ``batch_size``, or, as in Keras, an iterable of batches (each
         an ``x`` array or a tuple whose first item is ``x``, as ``fit`` reads them;
-        ``y`` is ignored); ``steps`` stops after that many batches (an endless iterator
-        needs it; a warning if the data gives fewer). A stateful trainer predicts from
+        ``y`` is ignored, a third item is the mask); ``steps`` stops after that many
+        batches (an endless iterator needs it; a warning if the data gives fewer).
+        ``mask`` (``(N, T)``, as ``fit`` takes it; padded variable-length data): each
+        sequence's output is read at its last real step, and with ``last_only=False``
+        the padded steps' outputs are zeros, so what the padding holds changes nothing. A stateful trainer predicts from
         its streams' current states and moves them on (step-by-step prediction: call it
         with one step at a time); the eligibility traces follow training only, so call
         :meth:`reset_states` before training on a stream you predicted on."""
@@ -330,9 +333,14 @@ class Evaluation:
         if steps is not None:
             check_count(steps, "steps")
         if hasattr(x, "shape"):
-            data = self._as_data(x, "x", targets=False)
+            data = self._as_data((x, None) if mask is None else (x, None, mask), "x", targets=False)
             check_finite(data.x)
-            source, time_major = batches(data.x, None, batch_size=batch_size, shuffle=False), False
+            if data.mask is not None:
+                check_mask(data.mask, data.x)
+            source, time_major = batches(data.x, None, batch_size=batch_size, shuffle=False, mask=data.mask), False
+        elif mask is not None:
+            raise ConfigError("predict: mask= applies to an array x; an iterable gives each batch's mask as the third "
+                              "item of its (x, y, mask) tuples")
         elif isinstance(x, (str, bytes, dict)) or not hasattr(x, "__iter__"):
             raise ConfigError(f"predict takes an array x or an iterable of batches, got {type(x).__name__}")
         else:
@@ -346,13 +354,15 @@ class Evaluation:
             hooks.on_predict_batch_begin(step, {})
             if not hasattr(x, "shape"):  # an array was checked whole
                 check_finite(np.asarray(batch.x), f"x of batch {step}")
-            xs, _, _ = placement(batch, "last", time_major)  # no loss here: any placement reads x alike
+            xs, _, _ = placement(Batch(batch.x), "last", time_major)  # no loss here: any placement reads x alike
             length = xs.shape[0] if length is None else length
             if not last_only and xs.shape[0] != length:
                 raise ShapeError(f"predict(last_only=False): batch {step} has {xs.shape[0]} steps, the first had "
                                  f"{length}; the outputs of every step stack only for one length (last_only=True "
                                  f"takes any)")
             out = self._fetch(self._outputs(*self._on_mesh(xs), carry=self.stateful))
+            if batch.mask is not None:
+                out = _masked_outputs(out, batch.mask, step, time_major, last_only)
             outputs.append(out[-1] if last_only else (out if self.time_major else np.swapaxes(out, 0, 1)))
             ran = step + 1
             hooks.on_predict_batch_end(step, {"outputs": outputs[-1]})
@@ -365,16 +375,35 @@ class Evaluation:
         return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)
 
 
+def _masked_outputs(out: np.ndarray, mask: Any, step: int, time_major: bool, last_only: bool) -> np.ndarray:
+    """Time-major outputs ``(T, B, ...)`` of a padded batch: with ``last_only``, each
+    sequence's output at its last real step in the last row; else the padded steps'
+    outputs zeroed. ``mask``: the batch's, ``(B, T)`` (``(T, B)`` if ``time_major``)."""
+    marks = np.asarray(mask, bool)
+    marks = marks if time_major else marks.T
+    if marks.shape != out.shape[:2]:
+        raise ShapeError(f"predict: the mask of batch {step} has shape {np.asarray(mask).shape}; expected (batch, "
+                         f"time) = {out.shape[1::-1] if not time_major else out.shape[:2]} for its x")
+    empty = ~marks.any(axis=0)
+    if empty.any():
+        raise ShapeError(f"predict: sequence {int(np.argmax(empty))} of batch {step} has no real step (its mask is "
+                         f"all False), so it has no output to read")
+    if last_only:
+        last = marks.shape[0] - 1 - np.argmax(marks[::-1], axis=0)
+        return out[last, np.arange(out.shape[1])][None]
+    return np.where(marks.reshape(marks.shape + (1,) * (out.ndim - 2)), out, 0)
+
+
 def _predict_batch(item: Any, position: int) -> Batch:
     """One item of an iterable given to ``predict``: an ``x`` array, or a tuple / list /
-    :class:`Batch` whose first item is ``x`` (the rest, targets and weights, is not
-    read)."""
+    :class:`Batch` whose first item is ``x`` (targets and weights are not read; a third
+    item, or a batch's ``mask``, is the mask of the steps each sequence has)."""
     if isinstance(item, Batch):
-        return Batch(item.x)
+        return Batch(item.x, mask=item.mask)
     if hasattr(item, "shape"):
         return Batch(item)
     if isinstance(item, (tuple, list)) and item and hasattr(item[0], "shape"):
-        return Batch(item[0])
+        return Batch(item[0], mask=item[2] if len(item) == 3 and item[2] is not None else None)
     raise ShapeError(f"predict: batch {position} must be an x array or a tuple (x, ...), got {type(item).__name__}")
 
 

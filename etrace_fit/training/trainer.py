@@ -638,13 +638,15 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._callbacks = hooks
         self.resume_epoch = None
         self._warn_spiking_readout()
+        self._last_epoch_logs = {}
         try:
             self._fit_epochs(x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
                              steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
                              (validation_steps, validation_batch_size))
         finally:
             self._push()  # the model holds every finished batch's update, also after an error
-        hooks.on_train_end({k: v[-1] for k, v in self.history.history.items()})
+        # Keras: the last epoch's logs (no val_* when it did not validate), not each key's last value
+        hooks.on_train_end(dict(self._last_epoch_logs))
         return self.history
 
     def _log_keys(self, validated: bool) -> list[str]:
@@ -746,6 +748,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._push()  # the model is current at every epoch's end
             self._check_norms(epoch)
             hooks.on_epoch_end(epoch, epoch_logs)
+            self._last_epoch_logs = epoch_logs
             if verbose == 2:
                 print(epoch_line(epoch, epochs, epoch_logs, time.perf_counter() - start), flush=True)
             if self.stop_training:

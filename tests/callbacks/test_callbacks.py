@@ -89,6 +89,72 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
     assert fake.weights == 1
 
 
+def test_early_stopping_with_a_baseline_never_beaten_keeps_the_best_epochs_weights():
+    """Keras 3: the best epoch is tracked (and restored) whether or not it beats the
+    baseline; only the wait's restart needs that. The best started at the baseline
+    here, so nothing was ever kept and the run ended on its last epoch's weights."""
+    fake = FakeTrainer()
+    stopper = EarlyStopping("val_loss", patience=2, baseline=1.0, restore_best_weights=True)
+    stopper.set_model(fake)
+    stopper.on_train_begin()
+    for epoch, value in enumerate([3.0, 2.0, 2.5, 2.6, 2.7]):
+        fake.weights = epoch
+        stopper.on_epoch_end(epoch, {"val_loss": value})
+        if fake.stop_training:
+            break
+    # epoch 0 and 1 improve without beating 1.0 (wait 1, 2; an improving epoch never stops), epoch 2 does not
+    assert epoch == 2 and stopper.best == 2.0 and stopper.best_epoch == 1
+    stopper.on_train_end()
+    assert fake.weights == 1
+    beaten = EarlyStopping("val_loss", patience=1, baseline=2.5)
+    beaten.set_model(FakeTrainer())
+    beaten.on_train_begin()
+    for epoch, value in enumerate([3.0, 2.0, 2.2, 2.1]):
+        beaten.on_epoch_end(epoch, {"val_loss": value})
+        if beaten.model.stop_training:
+            break
+    assert epoch == 2 and beaten.best_epoch == 1  # 2.0 beat the baseline: the wait started again there
+
+
+def test_mode_auto_refuses_a_key_whose_direction_its_name_does_not_tell(tmp_path):
+    """A metric of the user's (an F1) was taken as 'min' by mode='auto': save_best_only
+    kept the worst epochs, silently. As in Keras 3 it is now an error before training,
+    naming the fix; the names that tell their direction keep working."""
+    from etrace_fit.callbacks import ModelCheckpoint, ReduceLROnPlateau
+
+    x, y = _data(16)
+
+    def f1(output, target):
+        return (output.argmax(-1) == target).astype(output.dtype)
+
+    make = [lambda: EarlyStopping("val_f1"), lambda: ReduceLROnPlateau("f1"),
+            lambda: ModelCheckpoint(str(tmp_path / "m"), monitor="val_f1", save_best_only=True)]
+    for callback in make:
+        trainer = _trainer(metrics=[f1])
+        with pytest.raises(ConfigError, match=r"cannot tell whether '(val_)?f1' should go up or down .* pass "
+                                              r"mode='max'"):
+            trainer.fit(x, y, batch_size=8, epochs=1, validation_split=0.25, callbacks=[callback()], verbose=0)
+        assert trainer.history.epoch == []  # before the first epoch
+    assert EarlyStopping("val_f1", mode="max").mode == "max"
+    assert [EarlyStopping(k).mode for k in ("val_loss", "mse", "val_mae", "val_acc", "auc")] == \
+        ["min", "min", "min", "max", "max"]
+    _trainer(metrics=[f1]).fit(x, y, batch_size=8, epochs=1, verbose=0,  # no comparison: no mode needed
+                               callbacks=[ModelCheckpoint(str(tmp_path / "m-{f1:.2f}"), monitor="f1")])
+
+
+def test_on_train_end_gets_the_last_epochs_logs():
+    """Keras: on_train_end receives the last epoch's logs; with validation_freq=2 the
+    third epoch did not validate, but it got epoch 2's val_loss as the final one."""
+    x, y = _data(24)
+    seen = {}
+    keep = LambdaCallback(on_epoch_end=lambda epoch, logs: seen.setdefault("epoch", dict(logs)),
+                          on_train_end=lambda logs: seen.update(end=logs))
+    seen_epochs = LambdaCallback(on_epoch_end=lambda epoch, logs: seen.update(epoch=dict(logs)))
+    _trainer().fit(x[:16], y[:16], batch_size=8, epochs=3, validation_data=(x[16:], y[16:]), validation_freq=2,
+                   callbacks=[keep, seen_epochs], verbose=0)
+    assert seen["end"] == seen["epoch"] and not any(k.startswith("val_") for k in seen["end"]), seen
+
+
 def test_early_stopping_mode_min_delta_and_missing_monitor():
     stopper = EarlyStopping("val_accuracy", min_delta=0.05, patience=0)
     assert stopper.mode == "max"

@@ -215,6 +215,39 @@ def test_a_mask_for_array_data_keeps_padding_out_of_the_gradient():
         ef.Trainer(ef.Sequential(L.GRUCell(3, 8), L.Linear(8, 2))).fit(x, y, mask=mask, verbose=0)
 
 
+@pytest.mark.parametrize("time_major", [False, True])
+def test_predict_with_a_mask_reads_each_sequence_at_its_last_real_step(time_major):
+    """Without a mask, predict read padded sequences at the last padded step: what the
+    padding held moved the outputs by up to 0.9 and their accuracy disagreed with
+    evaluate's. With mask= (or (x, y, mask) batches), each output is its sequence's at
+    its last real step (the reference: every step's outputs of the same x, indexed by
+    hand), and the padded steps of last_only=False are zeros."""
+    from etrace_fit.datasets import pad_sequences
+
+    rng = np.random.default_rng(1)
+    x, mask = pad_sequences([rng.normal(size=(int(n), 3)).astype(np.float32) for n in rng.integers(2, 9, 10)])
+    noisy = np.where(mask[..., None], x, rng.normal(0, 5.0, x.shape).astype(np.float32))
+    brainstate.random.seed(0)
+    trainer = ef.Trainer(ef.Sequential(L.GRUCell(3, 8), L.Linear(8, 2)), loss_on="mask", time_major=time_major)
+    major = (lambda a: np.swapaxes(a, 0, 1)) if time_major else (lambda a: a)
+    every = major(trainer.predict(major(x), batch_size=4, last_only=False, verbose=0))
+    expected = every[np.arange(10), mask.sum(axis=1) - 1]
+    assert np.abs(trainer.predict(major(x), batch_size=4, verbose=0) - expected).max() > 1e-3  # the bug's size
+    for data in (x, noisy):
+        np.testing.assert_allclose(trainer.predict(major(data), batch_size=4, verbose=0, mask=major(mask)), expected,
+                                   rtol=1e-6, atol=1e-7)
+        steps = major(trainer.predict(major(data), batch_size=4, verbose=0, mask=major(mask), last_only=False))
+        np.testing.assert_allclose(steps, np.where(mask[..., None], every, 0.0), rtol=1e-6, atol=1e-7)
+    batches = [(major(x[i:i + 4]), None, major(mask[i:i + 4])) for i in range(0, 10, 4)]
+    np.testing.assert_allclose(trainer.predict(batches, verbose=0), expected, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ShapeError, match=r"mask must have shape"):
+        trainer.predict(major(x), mask=major(mask[:, :-1]), verbose=0)
+    empty = mask.copy()
+    empty[3] = False
+    with pytest.raises(ShapeError, match=r"sequence 3 of batch 0 has no real step"):
+        trainer.predict(major(x), mask=major(empty), verbose=0, batch_size=10)
+
+
 def test_predict_on_a_trainer_with_the_loss_on_a_mask():
     """predict places no loss: a loss_on='mask' trainer predicts without a mask (this
     failed in TensorBoard's raster at the first epoch end of a masked spiking task)."""
