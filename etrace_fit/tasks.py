@@ -173,7 +173,14 @@ def _need_dir(data_dir: str | None, task: str) -> str:
 def _shd_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
     from .datasets import load_shd
 
-    data = load_shd(_need_dir(data_dir, "shd"), "train" if split == "train" else "test", dt=0.01, max_time=1.0)
+    folder = _need_dir(data_dir, "shd")
+    try:
+        data = load_shd(folder, "train" if split == "train" else "test", dt=0.01, max_time=1.0)
+    except FileNotFoundError as error:  # the command has no download=True to pass: say how to fetch it
+        raise FileNotFoundError(str(error).replace(
+            "or pass download=True.", f"or fetch both splits with python -c \"from etrace_fit.datasets import "
+            f"load_shd; load_shd('{folder}', 'train', dt=0.01, download=True); load_shd('{folder}', 'test', "
+            f"dt=0.01, download=True)\".")) from None
     return _subset(data, n, seed)
 
 
@@ -462,6 +469,22 @@ def script(name: str, description: str, argv: list[str] | None = None,
         raise SystemExit(2) from error
 
 
+def _check_settings(args: argparse.Namespace, budget: Any) -> None:
+    """The settings the Trainer and the run folder would refuse, checked before any data
+    is read: the memory budget, the devices asked for, and a log folder that is a file."""
+    from .algorithms.hybrid import parse_bytes
+
+    parse_bytes(budget)
+    mesh, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
+    try:
+        distributed.resolve_mesh(_mesh(args))
+    except ConfigError as error:
+        option = "--devices" if devices is not None else "--mesh" if mesh is not None else "--distributed"
+        raise ConfigError(f"{option}: {error}") from None
+    if args.logdir.lower() != "none" and Path(args.logdir).exists() and not Path(args.logdir).is_dir():
+        raise ConfigError(f"--logdir {args.logdir} is a file; the run's logs go in a folder under it")
+
+
 def _run_folder(logdir: str, name: str) -> Path:
     run = Path(logdir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     suffix = 1
@@ -495,6 +518,7 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     _use_compile_cache(args)  # before anything compiles
     main = distributed.is_main_process()  # only process 0 prints and writes
 
+    _check_settings(args, budget)  # before the data: a real dataset takes minutes to read and bin
     brainstate.environ.set(dt=1.0)
     brainstate.random.seed(args.seed)
     x, y, mask = _fit_arguments(task.make_data("train", samples, args.seed, data_dir))

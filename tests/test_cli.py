@@ -159,6 +159,33 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     assert any(p.name.startswith("jit_train_step") for p in jax_own.iterdir())
 
 
+@pytest.mark.parametrize("option, fragment", [
+    (["--devices", "8"], "ConfigError: --devices: devices must be an int from 1 to the"),
+    (["--mesh", "16"], "ConfigError: --mesh: devices must be an int from 1 to the"),
+    (["--memory-budget", "lots"], "ConfigError: memory_budget must be bytes"),
+    (["--logdir", "FILE"], "is a file; the run's logs go in a folder under it")])
+def test_settings_are_refused_before_the_dataset_is_read(option, fragment, tmp_path, capsys, restore_dt, monkeypatch):
+    """A real SHD is ~2 GB to read and bin: a typo in an option was reported after it."""
+    from etrace_fit import tasks
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the dataset was read before the settings were checked")
+
+    monkeypatch.setitem(tasks.TASKS, "rate", tasks.dataclasses.replace(tasks.TASKS["rate"], make_data=no_data))
+    (tmp_path / "FILE").write_text("")
+    option = [str(tmp_path / "FILE") if a == "FILE" else a for a in option]
+    logdir = [] if "--logdir" in option else ["--logdir", "none"]
+    assert main(["train", "--task", "rate", "--epochs", "1", "--verbose", "0", *logdir, *option]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_a_missing_shd_says_how_to_fetch_it_from_the_shell(tmp_path, capsys, restore_dt):
+    assert main(["train", "--task", "shd", "--data-dir", str(tmp_path), "--epochs", "1", "--verbose", "0",
+                 "--logdir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "pass download=True" not in err and f"load_shd('{tmp_path}', 'train', dt=0.01, download=True)" in err
+
+
 def test_a_compile_cache_that_is_not_a_folder_is_reported_before_training(tmp_path, capsys, restore_dt):
     """A ``--compile-cache`` path that cannot be a folder (here a file) is a usage error
     naming the option and the path, before any training; no run folder is made."""

@@ -24,32 +24,60 @@ import jax
 __all__ = ["BatchLogs", "Callback", "CallbackList", "Monitor", "MonitoredCallback"]
 
 
+class RunningMeans:
+    """The running means of an epoch's batch logs, as Keras' are: after batch ``i``,
+    each key's mean over batches ``0..i`` weighted by their sizes, so the last batch's
+    equal the epoch's logs. ``records``: the epoch's ``(size, loss, metrics, finite)``
+    per batch (device values, appended as batches run); read lazily, once each."""
+
+    def __init__(self, records: list):
+        self.records = records
+        self._prefix: list[tuple[int, dict[str, float]]] = []  # per batch: (sizes so far, sums so far)
+
+    def mean(self, key: str, index: int) -> float:
+        while len(self._prefix) <= index:
+            size, loss, metrics, _ = self.records[len(self._prefix)]
+            total, sums = self._prefix[-1] if self._prefix else (0, {})
+            values = jax.device_get({"loss": loss, **metrics})
+            self._prefix.append((total + size, {k: sums.get(k, 0.0) + size * float(v) for k, v in values.items()}))
+        total, sums = self._prefix[index]
+        return sums[key] / total
+
+
 class BatchLogs(MutableMapping):
     """A training batch's logs (``loss`` and metrics) as a dict-like mapping of floats:
     read, set (``logs["x"] = 1.0``, seen by the callbacks after), ``copy()`` (a plain
     dict), ``dict(logs)`` (for ``json.dumps``, say).
 
-    The values are computed on the device; ``logs["loss"]`` (or ``dict(logs)``) waits
-    for them. ``raw`` holds the unconverted device scalars, for a callback that
-    accumulates without waiting (``jax.device_get`` a list of them later).
+    As in Keras, ``loss`` and the metrics are the epoch's running means up to this
+    batch (size-weighted; the last batch's equal the epoch's logs). They are computed
+    on the device; ``logs["loss"]`` (or ``dict(logs)``) waits for them. ``raw`` holds
+    this batch's own values as unconverted device scalars, for a callback that wants
+    them (TensorBoard's batch curves) or accumulates without waiting
+    (``jax.device_get`` a list of them later).
     """
 
-    def __init__(self, raw: Mapping[str, Any]):
+    def __init__(self, raw: Mapping[str, Any], running: RunningMeans | None = None, index: int = 0):
         self.raw = dict(raw)
         self._floats: dict[str, float] = {}
+        self._running, self._index = running, index
+        self._means = set(self.raw) if running is not None else set()  # the keys read as running means
 
     def __getitem__(self, key: str) -> float:
         if key not in self._floats:
-            self._floats[key] = float(self.raw[key])
+            self._floats[key] = (self._running.mean(key, self._index) if key in self._means
+                                 else float(self.raw[key]))
         return self._floats[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.raw[key] = value
         self._floats.pop(key, None)
+        self._means.discard(key)
 
     def __delitem__(self, key: str) -> None:
         del self.raw[key]
         self._floats.pop(key, None)
+        self._means.discard(key)
 
     def __iter__(self):
         return iter(self.raw)

@@ -85,6 +85,6 @@ class CSVLogger(Callback):
                                     extrasaction="ignore")
             if not exists:
                 writer.writeheader()
-            writer.writerow({"epoch": epoch, **{k: logs.get(k, "") for k in self._keys}})
+            writer.writerow({"epoch": epoch, **{k: logs.get(k, "NA") for k in self._keys}})  # Keras: NA
             handle.flush()
             os.fsync(handle.fileno())

@@ -6,12 +6,11 @@ import sys
 import time
 from typing import Mapping
 
-import jax
 from tqdm.auto import tqdm
 
 from .base import Callback
 
-__all__ = ["ProgressBar", "epoch_line"]
+__all__ = ["ProgressBar", "StepsBar", "epoch_line"]
 
 
 def epoch_line(epoch: int, epochs: int | None, logs: Mapping[str, float], seconds: float) -> str:
@@ -77,9 +76,7 @@ class ProgressBar(Callback):
             self._bar = tqdm(total=total, desc=label, unit="batch", leave=False, file=self._stream(),
                              dynamic_ncols=self.ncols is None, ncols=self.ncols)
         self._start, self._sequences, self._steps = time.perf_counter(), 0, 0
-        self._sums: dict[str, float] = {}
         self._count = 0
-        self._pending: list = []  # batch logs not yet read (reading waits for the device)
         self._shown = 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -91,17 +88,14 @@ class ProgressBar(Callback):
         self._count += 1
         if self._bar is None:
             return  # no bar: nothing to show before the epoch's line, so never wait for the device
-        self._pending.append(getattr(logs, "raw", logs) or {})
         now = time.perf_counter()
         if now - self._shown >= self.refresh_seconds or self._count == self._total:
-            # Read the pending logs at most every refresh_seconds: each read waits for
-            # the device, which otherwise runs ahead of the Python loop.
-            for pending in jax.device_get(self._pending):
-                for key, value in pending.items():
-                    self._sums[key] = self._sums.get(key, 0.0) + float(value)
-            self._read, self._pending, self._shown = self._count, [], now
+            # Read the logs at most every refresh_seconds: each read waits for the device,
+            # which otherwise runs ahead of the Python loop. They are the epoch's running
+            # means (BatchLogs), as Keras' bar shows.
+            self._shown = now
             elapsed = max(now - self._start, 1e-9)
-            postfix = {key: f"{value / self._read:.4f}" for key, value in self._sums.items()}
+            postfix = {key: f"{float(value):.4f}" for key, value in (logs or {}).items()}
             postfix["seq/s"] = f"{self._sequences / elapsed:.0f}"
             postfix["steps/s"] = f"{self._steps / elapsed:.0f}"
             self._bar.set_postfix(postfix, refresh=False)
@@ -113,3 +107,54 @@ class ProgressBar(Callback):
             self._bar = None
         elapsed = time.perf_counter() - self._epoch_start
         print(epoch_line(epoch, self.params.get("epochs"), logs or {}, elapsed), file=self._stream(), flush=True)
+
+
+class StepsBar(ProgressBar):
+    """``evaluate``'s and ``predict``'s output for ``verbose`` 1 and 2, as Keras': with 1
+    a bar over the batches (on a terminal or in a notebook), then one line —
+    ``evaluate - 3 batches - 0.2s - loss: 0.6931 - accuracy: 0.5000`` (``predict``'s
+    without values) — on stderr with the bar, on stdout with 2 (as ``fit``'s lines).
+    The methods add it; you need not."""
+
+    def __init__(self, what: str, total: int | None, verbose: int):
+        super().__init__(total=total)
+        self.what, self.verbose = what, verbose
+
+    def _begin(self) -> None:
+        self._start, self._count = time.perf_counter(), 0
+        if self.verbose == 1 and self._show_bar():
+            self._bar = tqdm(total=self.total, desc=self.what, unit="batch", leave=False, file=self._stream(),
+                             dynamic_ncols=self.ncols is None, ncols=self.ncols)
+
+    def _step(self) -> None:
+        self._count += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def _end(self, logs: Mapping[str, float]) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        seconds = time.perf_counter() - self._start
+        ordered = sorted(logs.items(), key=lambda item: item[0] != "loss")  # the loss first, as Keras
+        shown = "".join(f" - {key}: {float(value):.4f}" for key, value in ordered)
+        line = f"{self.what} - {self._count} batch{'es' * (self._count != 1)} - {seconds:.1f}s{shown}"
+        print(line, file=self._stream() if self.verbose == 1 else sys.stdout, flush=True)
+
+    def on_test_begin(self, logs=None):
+        self._begin()
+
+    def on_predict_begin(self, logs=None):
+        self._begin()
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._step()
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._step()
+
+    def on_test_end(self, logs=None):
+        self._end(logs or {})
+
+    def on_predict_end(self, logs=None):
+        self._end({})

@@ -226,7 +226,8 @@ class TensorBoard(Callback):
             self._stop_profile(logs)
         if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in logs:
             train = self._writer("train")
-            train.add_scalar("batch/loss", float(logs["loss"]), self._global_batch)
+            # the batch's own loss (BatchLogs.raw), not Keras' running mean: a curve of batches
+            train.add_scalar("batch/loss", float(getattr(logs, "raw", logs)["loss"]), self._global_batch)
             if self.write_steps_per_second:
                 now = time.perf_counter()
                 train.add_scalar("batch/steps_per_second", self.update_freq / max(now - self._batch_start, 1e-9),

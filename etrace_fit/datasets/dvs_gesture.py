@@ -36,10 +36,15 @@ def _body_start(data: bytes, path) -> int:
     if first != b"#!AER-DAT3.1":
         raise DataError(f"{path}: expected an AEDAT 3.1 file starting with '#!AER-DAT3.1', got "
                         f"{first[:40].decode('ascii', 'replace')!r}")
-    end = data.find(HEADER_END)
+    end = data.find(HEADER_END[:-2])
     if end < 0:
         raise DataError(f"{path}: the AEDAT 3.1 header has no '#!END-HEADER' line")
-    return end + len(HEADER_END)
+    end += len(HEADER_END) - 2
+    for newline in (b"\r\n", b"\n"):  # the format's CRLF, or LF from a tool that rewrote the header
+        if data.startswith(newline, end):
+            return end + len(newline)
+    raise DataError(f"{path}: the AEDAT 3.1 header's '#!END-HEADER' line does not end in a line break (CRLF); "
+                    f"got {data[end:end + 8]!r} after it")
 
 
 def read_aedat31(path: str | os.PathLike) -> np.ndarray:

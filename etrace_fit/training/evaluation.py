@@ -225,6 +225,8 @@ class Evaluation:
                 check_batch_targets(self.loss_fn, batch.y)
             if step == 0 and self._sample_output is not None:
                 check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=where)
+            if step == 0 and self.metric_fns and batch.y is not None:
+                self._check_metrics(self._output_shape(xs[:1]), ys)
             if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
                 check_finite(data.x, "x")
                 self._check_targets(data.y, where)
@@ -242,7 +244,7 @@ class Evaluation:
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
             count += xs.shape[1]
             ran = step + 1
-            hooks.on_test_batch_end(step, logs)
+            hooks.on_test_batch_end(step, {key: totals[key] / count for key in logs})  # Keras: running means
         if steps is not None and ran < steps:
             warnings.warn(f"steps={steps}, but the data gave {ran} batch{'es' * (ran != 1)}: the evaluation "
                           f"averages over those", UserWarning, stacklevel=3)
@@ -297,7 +299,8 @@ class Evaluation:
             check_mask(data.mask, data.x)
         else:
             data = self._as_data(x, "x", y)
-        result = self._evaluate(data, batch_size, CallbackList(callbacks, model=self), steps=steps,
+        shown = _steps_bar("evaluate", verbose, data, batch_size, steps)
+        result = self._evaluate(data, batch_size, CallbackList([*(callbacks or ()), *shown], model=self), steps=steps,
                                 sample_weight=sample_weight)
         names = [name for name in self.metrics_names if name in result]  # the loss, then the metrics in order
         return keras_result({**{name: result[name] for name in names}, **result}, return_dict, names)
@@ -345,7 +348,8 @@ class Evaluation:
             raise ConfigError(f"predict takes an array x or an iterable of batches, got {type(x).__name__}")
         else:
             source, time_major = (_predict_batch(item, step) for step, item in enumerate(x)), self.time_major
-        hooks = CallbackList(callbacks, model=self)
+        shown = _steps_bar("predict", verbose, x if hasattr(x, "shape") else None, batch_size, steps)
+        hooks = CallbackList([*(callbacks or ()), *shown], model=self)
         hooks.on_predict_begin({})
         outputs, ran, length = [], 0, None
         if steps is not None:  # no batch more is read
@@ -373,6 +377,20 @@ class Evaluation:
         if not outputs:
             raise ShapeError("predict: the data gave no batches")
         return np.concatenate(outputs, axis=0 if last_only or not self.time_major else 1)
+
+
+def _steps_bar(what: str, verbose: Any, data: Any, batch_size: int, steps: int | None) -> list:
+    """``[StepsBar]`` for ``verbose`` 1 / 2 (``"auto"``: 1) in the main process, else ``[]``."""
+    from ..callbacks.progress_bar import StepsBar
+    from ..distributed import is_main_process
+
+    level = check_verbose(verbose)
+    if not level or not is_main_process():
+        return []
+    x = getattr(data, "x", data)
+    total = -(-len(x) // batch_size) if hasattr(x, "shape") else None
+    total = steps if total is None else total if steps is None else min(total, steps)
+    return [StepsBar(what, total, level)]
 
 
 def _masked_outputs(out: np.ndarray, mask: Any, step: int, time_major: bool, last_only: bool) -> np.ndarray:

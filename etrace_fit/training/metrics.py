@@ -19,18 +19,27 @@ import jax.numpy as jnp
 from ..errors import ConfigError
 from .losses import class_labels, mae, mse
 
-__all__ = ["METRICS", "accuracy", "categorical_accuracy", "get_metrics"]
+__all__ = ["DEFAULT_METRICS", "METRICS", "accuracy", "categorical_accuracy", "default_metrics", "get_metrics"]
 
 Metric = Callable[[jax.Array, Any], jax.Array]
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """1.0 where ``argmax(logits)`` equals the integer label, else 0.0: ``(B,)``."""
+    """1.0 where ``argmax(logits)`` equals the integer label, else 0.0: ``(B,)``. As
+    Keras' ``"accuracy"``, it follows the targets: one-hot (or probability) targets of
+    the output's shape are compared by their ``argmax`` (the usual
+    ``loss="categorical_crossentropy", metrics=["accuracy"]``)."""
+    labels = jnp.asarray(labels)
+    if labels.shape == logits.shape and logits.shape[-1] > 1:
+        return categorical_accuracy(logits, labels)
     return (jnp.argmax(logits, axis=-1) == class_labels(logits, labels)).astype(jnp.float32)
 
 
 def categorical_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """1.0 where ``argmax(logits)`` equals ``argmax(targets)`` (one-hot), else 0.0: ``(B,)``."""
+    if jnp.shape(targets) != jnp.shape(logits):  # integer labels: argmax over the batch would be garbage
+        raise ValueError(f"categorical_accuracy takes one-hot targets of the output's shape {tuple(logits.shape)}, "
+                         f"got {tuple(jnp.shape(targets))} (integer labels? use 'accuracy')")
     return (jnp.argmax(logits, axis=-1) == jnp.argmax(targets, axis=-1)).astype(jnp.float32)
 
 
@@ -39,6 +48,34 @@ METRICS: dict[str, Metric] = {
     "categorical_accuracy": categorical_accuracy,
     "mse": mse, "mean_squared_error": mse, "mae": mae, "mean_absolute_error": mae,
 }
+
+
+#: The Trainer's default ``metrics``: :func:`default_metrics` of its loss.
+DEFAULT_METRICS: tuple = ("accuracy",)
+
+
+def default_metrics(loss: Any) -> list[str]:
+    """``["accuracy"]`` for a classification loss (the cross-entropies, by name or the
+    built-in functions), else none."""
+    from .losses import categorical_cross_entropy, cross_entropy
+
+    classifying = ("cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy",
+                   "spike_rate_cross_entropy")
+    if isinstance(loss, str):
+        return ["accuracy"] if loss in classifying else []
+    from .spiking import SPIKING_LOSSES
+
+    return ["accuracy"] if loss in (cross_entropy, categorical_cross_entropy,
+                                    SPIKING_LOSSES["spike_rate_cross_entropy"]) else []
+
+
+def per_sample(value: Any, batch: int) -> jax.Array:
+    """A metric's value for one step as ``(batch,)``: a scalar (the batch's value, as a
+    Keras metric may return) for every sample, ``(batch, ...)`` averaged per sample."""
+    value = jnp.asarray(value)
+    if value.ndim == 0:
+        return jnp.broadcast_to(value, (batch,))
+    return value.reshape(value.shape[0], -1).mean(axis=1) if value.ndim > 1 else value
 
 
 def get_metrics(metrics: Sequence[str | Metric] | None) -> dict[str, Metric]:

@@ -12,6 +12,7 @@ import optax
 from .. import _compat
 from ..algorithms.online import _assemble
 from ..compiler import format_path
+from .metrics import per_sample
 from .state import Reset, TrainState
 
 __all__ = ["StepResult", "build_train_step", "placed_metrics", "sequence_targets", "updated_rates"]
@@ -25,7 +26,12 @@ def placed_metrics(metric_fns: Mapping[str, Any], outputs: Any, ys: Any, weight:
     masks); a sequence without placed steps counts 0, as before."""
     total = jnp.sum(weight, axis=0)
     safe = jnp.where(total > 0, total, jnp.ones_like(total))
-    return {name: jnp.mean(jnp.where(total > 0, jnp.sum(weight * jax.vmap(fn)(outputs, ys), axis=0) / safe, 0.0))
+    batch = weight.shape[1]
+
+    def at_step(fn):  # (batch,) per step, whatever shape the metric returns (a scalar: the batch's value)
+        return jax.vmap(lambda output, target: per_sample(fn(output, target), batch))
+
+    return {name: jnp.mean(jnp.where(total > 0, jnp.sum(weight * at_step(fn)(outputs, ys), axis=0) / safe, 0.0))
             for name, fn in metric_fns.items()}
 
 

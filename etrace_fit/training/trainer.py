@@ -35,6 +35,7 @@ from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snaps
 from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
 from ..callbacks import BatchLogs, CallbackList, ProgressBar
+from ..callbacks.base import RunningMeans
 from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
@@ -47,7 +48,7 @@ from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden
                     traced_reset)
 from .step import build_train_step, placed_metrics, sequence_targets
 from .losses import check_batch_targets, check_labels, check_target_shape, get_loss, loss_name, needs_targets
-from .metrics import get_metrics
+from .metrics import DEFAULT_METRICS, default_metrics, get_metrics
 from .dashboards import Dashboards
 from .evaluation import Evaluation
 from .optimizers import LearningRate, check_optimizer, get_optimizer
@@ -111,7 +112,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             spiking ``"spike_rate_cross_entropy"`` / ``"spike_rate_mse"`` — or
             ``(output, target) -> (B,)``.
         metrics: a list of names (``"accuracy"`` = ``"acc"``, ``"mse"``, ``"mae"``, ...)
-            or callables ``(output, target) -> (B,)``.
+            or callables ``(output, target) -> (B,)`` (or a scalar, the batch's value).
+            By default ``["accuracy"]`` for a classification loss (the cross-entropies)
+            and none for another (Keras has none; a regression's "accuracy" means
+            nothing); ``None`` or ``[]``: none.
         decay: ES-D-RTRL's smoothing factor α.
         loss_on: ``"last"`` (the last step), ``"all"`` (every step, averaged) or
             ``"mask"`` (the steps a per-batch mask marks, averaged per sequence).
@@ -167,7 +171,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         algo: str | Mapping[str, str] = "hybrid",
         optimizer: Any = None,
         loss: Any = "cross_entropy",
-        metrics: Sequence[Any] | None = ("accuracy",),
+        metrics: Sequence[Any] | None = DEFAULT_METRICS,
         decay: float | None = None,
         loss_on: str = "last",
         time_major: bool = False,
@@ -182,6 +186,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         mesh: Any = None,
     ):
         check_algo(algo)
+        if metrics is DEFAULT_METRICS:
+            metrics = default_metrics(loss)
         if isinstance(metrics, str):
             raise ConfigError(f"metrics must be a list of names or callables, got the string {metrics!r}; "
                               f"write metrics=[{metrics!r}]")
@@ -438,12 +444,28 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 raise ConfigError(f"loss {name!r} returned shape {tuple(value.shape[1:])} for a batch of "
                                   f"{out.shape[1]} samples; a loss returns one value per sample, shape "
                                   f"({out.shape[1]},) (sum or average any other axis inside the loss)")
+            self._check_metrics(out, ys)
             self._checked[key] = (self.loss_fn, int(out.shape[-1]) if out.ndim >= 2 else None)
             self._sample_output = tuple(out.shape[2:])  # one sample, one step: for validation's y
         else:
             self._ensure_states(np.shape(xs)[1])  # as the trace would have
         self._num_classes = self._checked[key][1]
         self._check_targets(ys, "y")
+
+    def _check_metrics(self, out, ys) -> None:
+        """Each metric on the model's output and the targets of one step, traced without
+        running: an error naming the metric (not JAX's broadcasting error from inside
+        the training step), and one value per sample or a scalar."""
+        for name, fn in self.metric_fns.items():
+            try:
+                value = jax.eval_shape(lambda output, target: fn(output[0], target[0]), out, ys[:1])
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"metric {name!r} fails on the model's output {tuple(out.shape[1:])} and the "
+                                  f"targets {tuple(np.shape(ys)[1:])} of one step (batch first): {error}") from None
+            if not hasattr(value, "shape") or (value.ndim and value.shape[0] != out.shape[1]):
+                shape = getattr(value, "shape", type(value).__name__)
+                raise ConfigError(f"metric {name!r} returned {shape} for a batch of {out.shape[1]} samples; a metric "
+                                  f"returns one value per sample, shape ({out.shape[1]},), or a scalar for the batch")
 
     def _check_targets(self, y, where: str) -> None:
         """NaN / inf in float targets, and integer labels outside the model's classes."""
@@ -660,12 +682,16 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         split evenly over the mesh's devices."""
         self._placement.check_batch(batch_size)
         last = 0 if size is None or drop_remainder else size % batch_size
-        if last:
-            try:
-                self._placement.check_batch(last, f"the last batch ({size} samples in batches of {batch_size} "
-                                                  f"leave {last})")
-            except ConfigError as error:
-                raise ConfigError(f"{error}; or choose batch_size so that it divides {size}") from None
+        devices = self._placement.size
+        if last % devices:  # then size % devices too: no batch size (all multiples of devices) splits them all
+            fewer = max(d for d in range(1, devices) if size % d == 0)
+            drop = (f"pass drop_remainder=True (each epoch leaves the last {last} out)" if size >= batch_size else
+                    f"use a batch_size of {size // devices * devices} with drop_remainder=True (each epoch leaves "
+                    f"{size % devices} out)" if size >= devices else "use more samples than devices")
+            raise ConfigError(f"the last batch ({size} samples in batches of {batch_size} leave {last}) does not "
+                              f"split evenly over the {devices} devices of the mesh's batch axis, and no batch size "
+                              f"would: {size} is not a multiple of {devices}. {drop[0].upper() + drop[1:]}, or train "
+                              f"on {fewer} device{'s' * (fewer > 1)} (mesh={fewer}), which {size} samples split over")
 
     def _fit_epochs(self, x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
                     steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
@@ -681,6 +707,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self.reset_states()  # stateful: every epoch reads the streams from their start
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
+            running = RunningMeans(records)  # the batch logs' running means, as Keras gives them
             read = functools.partial(batches, x, y, batch_size=batch_size, shuffle=shuffle,
                                      drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
             if steps_per_epoch is not None and is_array:  # Keras: the next epoch goes on where this one ended
@@ -732,8 +759,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                         self.sample_label = _class_label(ys[-1, 0])
                 hooks.on_train_batch_begin(step, {"size": int(xs.shape[1]), "time_steps": int(xs.shape[0])})
                 loss, logs, finite = self._train_batch(xs, ys, weighted, weight)
-                hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}))
                 records.append((xs.shape[1], loss, logs, finite))
+                hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}, running, len(records) - 1))
                 if self.stop_training:
                     break
             epoch_logs = self._epoch_logs(epoch, jax.device_get(records))

@@ -142,6 +142,28 @@ def test_mode_auto_refuses_a_key_whose_direction_its_name_does_not_tell(tmp_path
                                callbacks=[ModelCheckpoint(str(tmp_path / "m-{f1:.2f}"), monitor="f1")])
 
 
+def test_batch_logs_are_the_epochs_running_means_as_in_keras():
+    """Keras' batch logs are running means (the last batch's equal the epoch's); ours
+    held each batch's own value. Checked against the batches' own values (``raw``),
+    weighted by their sizes (the last batch of 20 in batches of 8 holds 4)."""
+    x, y = _data(20)
+    seen, tested = [], []
+    record = LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append((dict(logs), {
+        k: float(v) for k, v in logs.raw.items()})))
+    trainer = _trainer()
+    history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[record], verbose=0)
+    sizes = np.array([8, 8, 4])
+    for key in ("loss", "accuracy"):
+        own = np.array([raw[key] for _, raw in seen])
+        running = np.cumsum(sizes * own) / np.cumsum(sizes)
+        np.testing.assert_allclose([logs[key] for logs, _ in seen], running, rtol=1e-6)
+        assert seen[-1][0][key] == pytest.approx(history.history[key][0], rel=1e-6)
+    assert not np.allclose([raw["loss"] for _, raw in seen], [logs["loss"] for logs, _ in seen])
+    record_test = LambdaCallback(on_test_batch_end=lambda batch, logs: tested.append(dict(logs)))
+    result = trainer.evaluate(x, y, batch_size=8, callbacks=[record_test], verbose=0)
+    assert tested[-1] == pytest.approx(result, rel=1e-6) and len(tested) == 3
+
+
 def test_on_train_end_gets_the_last_epochs_logs():
     """Keras: on_train_end receives the last epoch's logs; with validation_freq=2 the
     third epoch did not validate, but it got epoch 2's val_loss as the final one."""

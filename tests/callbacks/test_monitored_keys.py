@@ -117,7 +117,7 @@ def test_the_history_records_the_keys_callbacks_add_and_csv_has_every_validation
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert {"val_loss", "val_accuracy"} <= set(rows[0])  # the first epoch did not validate
-    assert rows[0]["val_loss"] == "" and float(rows[1]["val_loss"]) == pytest.approx(history.history["val_loss"][0])
+    assert rows[0]["val_loss"] == "NA" and float(rows[1]["val_loss"]) == pytest.approx(history.history["val_loss"][0])
 
 
 def test_early_stopping_best_weights_survive_a_resume(tmp_path):

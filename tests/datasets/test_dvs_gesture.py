@@ -54,6 +54,18 @@ def test_a_truncated_packet_names_the_file_and_the_byte_offset(tmp_path):
         read_aedat31(path)
 
 
+def test_a_header_rewritten_with_lf_line_ends_is_read(tmp_path):
+    """The format ends header lines in CRLF; a tool that rewrote them with LF made the
+    reader say the '#!END-HEADER' line was missing."""
+    events = random_events(20, 0, 1000, 3)
+    path = tmp_path / "lf.aedat"
+    path.write_bytes(HEADER.replace(b"\r\n", b"\n") + packet(1, events))
+    assert read_aedat31(path)["t"].tolist() == [e[3] for e in events]
+    path.write_bytes(HEADER[:-2] + packet(1, events))
+    with pytest.raises(DataError, match=r"'#!END-HEADER' line does not end in a line break"):
+        read_aedat31(path)
+
+
 def test_a_file_of_another_version_is_refused(tmp_path):
     path = tmp_path / "old.aedat"
     path.write_bytes(b"#!AER-DAT2.0\r\n#!END-HEADER\r\n" + b"\0" * 16)

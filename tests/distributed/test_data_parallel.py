@@ -100,6 +100,8 @@ def test_bad_meshes_and_batches_fail_before_training_naming_the_numbers(runs):
     assert indivisible["unchanged"] is True
     last = errors["indivisible_last_batch"]
     assert "26 samples in batches of 8 leave 2" in last["error"] and "drop_remainder=True" in last["error"]
+    # 26 is no multiple of 4: no batch size splits it (the message once suggested 4, and one dividing 26)
+    assert "no batch size would: 26 is not a multiple of 4" in last["error"] and "(mesh=2)" in last["error"]
     assert last["unchanged"] is True
     assert errors["drop_remainder_trains"] is True
 

@@ -346,3 +346,26 @@ def test_monitor_callbacks_take_keras_verbose_and_argument_order(tmp_path, capsy
         with pytest.raises(ConfigError, match=r"verbose must be 0 or 1, got '(max|min)' \(mode moved after it, as in "
                                               r"Keras: pass mode= by name\)"):
             make()
+
+
+def test_evaluate_and_predict_report_as_keras_does_at_verbose_1_and_2(capsys):
+    """verbose was checked and then ignored: evaluate and predict printed nothing at 1,
+    2 or "auto" (Keras' default). Now one line at the end (stderr beside the bar at 1,
+    stdout at 2, as fit's), the loss first; 0 is silent. Under pytest the output is no
+    terminal, so no bar."""
+    x, y = _data(20)
+    trainer = ef.Trainer(_model(), algo="bptt", metrics=["acc"])
+    result = trainer.evaluate(x, y, batch_size=8)
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("evaluate - 3 batches - ") and err.endswith(
+        f" - loss: {result['loss']:.4f} - acc: {result['acc']:.4f}\n"), err
+    trainer.evaluate(x, y, batch_size=8, verbose=2)
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("evaluate - 3 batches - ") and "loss: " in out
+    trainer.predict(x, batch_size=8, verbose=2, steps=2)
+    assert capsys.readouterr().out.startswith("predict - 2 batches - ")
+    trainer.predict(x, batch_size=8)
+    assert capsys.readouterr().err.startswith("predict - 3 batches - ")
+    trainer.evaluate(x, y, verbose=0)
+    trainer.predict(x, verbose=0)
+    assert capsys.readouterr() == ("", "")

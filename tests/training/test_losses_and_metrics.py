@@ -83,3 +83,72 @@ def test_spiking_losses_score_spikes_per_step_and_validate_their_rates():
         spike_rate_mse(correct_rate=3)
     with pytest.raises(ConfigError, match="scale must be positive"):
         spike_rate_cross_entropy(scale=0.0)
+
+
+def _fit_logs(loss, y, metrics=None, outputs=3, batch_size=4, **kwargs):
+    """One epoch of a tiny trainer; its History."""
+    import brainstate
+
+    import etrace_fit as ef
+    from etrace_fit import layers as L
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(len(y), 5, 4)).astype(np.float32)
+    with brainstate.environ.context(dt=1.0):
+        brainstate.random.seed(0)
+        model = ef.Sequential(L.Linear(4, 8), L.LIF(8), L.LeakyRateReadout(8, outputs))
+        options = {} if metrics is None else {"metrics": metrics}
+        trainer = ef.Trainer(model, algo="bptt", loss=loss, **options)
+        history = trainer.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False, **kwargs)
+        return trainer, x, history
+
+
+def test_accuracy_follows_one_hot_targets_as_keras_accuracy_does():
+    """loss='categorical_crossentropy', metrics=['accuracy'] with one-hot y failed with
+    JAX's broadcasting error from inside the step; the value is the integer labels'."""
+    labels = np.arange(12) % 3
+    onehot = np.eye(3, dtype=np.float32)[labels]
+    _, _, by_onehot = _fit_logs("categorical_crossentropy", onehot, metrics=["accuracy"])
+    _, _, by_label = _fit_logs("sparse_categorical_crossentropy", labels, metrics=["accuracy"])
+    assert by_onehot.history["accuracy"] == by_label.history["accuracy"]
+
+
+def test_a_metric_that_cannot_take_the_targets_fails_before_training_naming_itself():
+    with pytest.raises(ConfigError, match=r"metric 'categorical_accuracy' fails on the model's output \(4, 3\) and "
+                                          r"the targets \(4,\) of one step .*integer labels\? use 'accuracy'"):
+        _fit_logs("cross_entropy", np.arange(12) % 3, metrics=["categorical_accuracy"])
+
+    def per_class(output, target):
+        return output  # (B, C): per sample averaged, as Keras averages any shape
+
+    def transposed(output, target):
+        return output.T  # (C, B): not one value per sample
+
+    trainer, _, history = _fit_logs("cross_entropy", np.arange(12) % 3, metrics=[per_class])
+    assert np.isfinite(history.history["per_class"][0])
+    with pytest.raises(ConfigError, match=r"metric 'transposed' returned \(3, 4\) for a batch of 4 samples; a metric "
+                                          r"returns one value per sample, shape \(4,\), or a scalar"):
+        _fit_logs("cross_entropy", np.arange(12) % 3, metrics=[transposed])
+
+
+@pytest.mark.parametrize("batch_size", [3, 5])  # 5 = the sequence length: a scalar once broadcast on the wrong axis
+def test_a_metric_returning_the_batchs_scalar_equals_its_per_sample_form(batch_size):
+    def mean_accuracy(output, target):
+        return jnp.mean((jnp.argmax(output, -1) == target).astype(jnp.float32))
+
+    _, _, history = _fit_logs("cross_entropy", np.arange(15) % 3, metrics=["acc", mean_accuracy],
+                              batch_size=batch_size)
+    np.testing.assert_allclose(history.history["mean_accuracy"], history.history["acc"], rtol=1e-6)
+
+
+def test_the_default_metric_is_accuracy_for_a_classifier_and_none_for_a_regression():
+    """Keras has no default metric; ours was accuracy whatever the loss: a regression
+    logged a meaningless accuracy (one output) or crashed in the step (two)."""
+    for outputs, y in [(1, np.linspace(-1, 1, 8, dtype=np.float32)),
+                       (2, np.linspace(-1, 1, 16, dtype=np.float32).reshape(8, 2))]:
+        trainer, _, history = _fit_logs("mse", y, outputs=outputs)
+        assert list(history.history) == ["loss", "learning_rate"] and trainer.metrics_names == ["loss"]
+    trainer, _, history = _fit_logs("cross_entropy", np.arange(8) % 3)
+    assert trainer.metrics_names == ["loss", "accuracy"]
+    trainer, _, history = _fit_logs("mse", np.linspace(-1, 1, 8, dtype=np.float32), outputs=1, metrics=["mae"])
+    assert trainer.metrics_names == ["loss", "mae"]
