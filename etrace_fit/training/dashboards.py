@@ -198,13 +198,14 @@ class Dashboards:
                                       step_fn=self._step_fn)
         return gradient_fidelity(learner, xs, targets)
 
-    def summary(self, x: Any = None, print_fn: Any = print) -> str:
+    def summary(self, x: Any = None, print_fn: Any = print) -> str | None:
         """Keras' ``summary()``: one row per layer — its type, parameter count, hidden
         states (shape per sample) and, once compiled, the rule per weight and its trace
         memory per sample — then the totals. The rules are chosen at the first
         training batch; pass ``x`` (training data, laid out as for :meth:`fit`) to
-        compile on its first samples now. Printed with ``print_fn`` (None: not
-        printed) and returned."""
+        compile on its first samples now. Printed with ``print_fn`` and, as Keras',
+        returns None (a notebook would show the text twice); ``print_fn=None``: not
+        printed, returned."""
         if x is not None and self.learner is None:
             data = self._as_data(x, "x", targets=False)  # the plan is made from x alone
             if isinstance(data, Arrays):
@@ -217,9 +218,10 @@ class Dashboards:
             self._compiled(xs, ys, weight)
         self._ensure_states(1)  # the hidden states' shapes per sample (fit resets them per batch)
         text = model_summary(self._model, self.learner, algo=self.algo)
-        if print_fn is not None:
-            print_fn(text)
-        return text
+        if print_fn is None:
+            return text
+        print_fn(text)
+        return None
 
     @property
     def rules(self) -> dict[str, str]:

@@ -255,11 +255,14 @@ def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
     return swap(x), y, weights
 
 
-def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray, Any, np.ndarray]:
+def placement(batch: Batch, loss_on: str, time_major: bool, per_sequence: bool = False
+              ) -> tuple[np.ndarray, Any, np.ndarray]:
     """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
     (numpy: no device work per batch before the one jitted step). ``weights`` place the
     loss in time (``loss_on``: ``"last"``, ``"all"`` averaged, ``"mask"`` averaged per
-    sequence); float64 for float64 data, else float32."""
+    sequence); float64 for float64 data, else float32. ``per_sequence``: a ``y`` whose
+    second axis has ``T`` entries is one target per sequence (the Trainer knows it from
+    the loss and the output), not one per step."""
     x = np.asarray(batch.x)
     tokens = x.ndim == 2 and np.issubdtype(x.dtype, np.integer)  # ids for an Embedding, as in Keras
     if x.ndim < 3 and not tokens:
@@ -292,7 +295,7 @@ def placement(batch: Batch, loss_on: str, time_major: bool) -> tuple[np.ndarray,
     y = None if batch.y is None else np.asarray(batch.y)
     if y is None:
         ys = np.zeros((steps, size), np.float32)
-    elif y.ndim >= 2 and y.shape[:2] == ((steps, size) if time_major else (size, steps)):
+    elif not per_sequence and y.ndim >= 2 and y.shape[:2] == ((steps, size) if time_major else (size, steps)):
         ys = y if time_major else np.swapaxes(y, 0, 1)  # per-step targets
     elif y.shape[:1] == (size,):
         ys = np.broadcast_to(y, (steps, *y.shape))  # one target per sequence

@@ -392,7 +392,29 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
     def _time_major(self, batch: Batch, time_major: bool | None = None) -> tuple[np.ndarray, Any, np.ndarray]:
         """:func:`~etrace_fit.training.data.placement` with this trainer's ``loss_on``
         and layout."""
-        return placement(batch, self.loss_on, self.time_major if time_major is None else time_major)
+        time_major = self.time_major if time_major is None else time_major
+        return placement(batch, self.loss_on, time_major, per_sequence=self._targets_per_sequence(batch, time_major))
+
+    def _targets_per_sequence(self, batch: Batch, time_major: bool) -> bool:
+        """Whether a batch-major ``y (B, T)`` is one target of ``T`` values per sequence,
+        not ``T`` per-step targets: when the loss takes targets of the output's shape
+        (``categorical_crossentropy``'s one-hot rows, ``mse`` / ``mae`` on several
+        outputs) and the model has ``T`` outputs. Read per step, such a one-hot ``y`` was
+        refused by a message asking for the shape it had (a callable loss got it per
+        step, silently)."""
+        from .losses import categorical_cross_entropy, mae, mse
+
+        y = batch.y
+        if time_major or y is None or np.ndim(y) != 2 or not any(self.loss_fn is f for f in
+                                                                   (categorical_cross_entropy, mse, mae)):
+            return False
+        size, steps = np.shape(batch.x)[:2]
+        if np.shape(y) != (size, steps) or steps < 2:
+            return False
+        output = self._sample_output
+        if output is None:  # the first batch: the model's output shape, traced without running
+            output = tuple(self._output_shape(np.swapaxes(np.asarray(batch.x), 0, 1)[:1]).shape[2:])
+        return output == (steps,)
 
     def _ensure_states(self, batch_size: int) -> None:
         """Create the hidden states of a model no batch has run through yet (and bring
@@ -744,7 +766,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     if isinstance(validation, Arrays):
                         if self._sample_output is not None and validation.y is not None:
                             y_val, steps = np.asarray(validation.y), np.shape(validation.x)[1]
-                            per_step = y_val.ndim >= 2 and y_val.shape[1] == steps  # as the batches read it
+                            per_step = y_val.ndim >= 2 and y_val.shape[1] == steps and not self._targets_per_sequence(
+                                Batch(np.asarray(validation.x[:1]), y_val[:1]), False)  # as the batches read it
                             check_target_shape(self.loss_fn, self._sample_output,
                                                tuple(y_val.shape[2:] if per_step else y_val.shape[1:]),
                                                where="validation y")

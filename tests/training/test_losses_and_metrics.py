@@ -152,3 +152,24 @@ def test_the_default_metric_is_accuracy_for_a_classifier_and_none_for_a_regressi
     assert trainer.metrics_names == ["loss", "accuracy"]
     trainer, _, history = _fit_logs("mse", np.linspace(-1, 1, 8, dtype=np.float32), outputs=1, metrics=["mae"])
     assert trainer.metrics_names == ["loss", "mae"]
+
+
+@pytest.mark.parametrize("loss", ["categorical_crossentropy", "mse"])
+def test_targets_of_the_outputs_shape_are_per_sequence_when_there_are_as_many_as_steps(loss):
+    """One-hot y (N, C) with C = T was read as T per-step labels and refused by a message
+    asking for the shape it had; the loss's targets have the output's shape, so it is one
+    per sequence (validation y too): evaluate's loss is the loss of predict's last-step
+    outputs against each sequence's row, computed here by hand."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(12) % 5
+    y = np.eye(5, dtype=np.float32)[labels] if loss == "categorical_crossentropy" else \
+        rng.normal(size=(12, 5)).astype(np.float32)
+    trainer, x, history = _fit_logs(loss, y, metrics=[], outputs=5, validation_data=(
+        rng.normal(size=(4, 5, 4)).astype(np.float32), y[:4]))
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    out = trainer.predict(x, verbose=0).astype(np.float64)
+    if loss == "mse":
+        expected = np.mean((out - y) ** 2)
+    else:
+        expected = np.mean(-np.sum(y * (out - np.log(np.exp(out).sum(-1, keepdims=True))), axis=-1))
+    assert trainer.evaluate(x, y, verbose=0)["loss"] == pytest.approx(expected, rel=1e-5)
