@@ -779,6 +779,25 @@ def _etp_equations(graph: ETraceGraph) -> list[int]:
     return [i for i, eqn in enumerate(graph.module.jaxpr.eqns) if etp_op_info(eqn.primitive) is not None]
 
 
+def warn_readout_memory_under_updates(plan: Plan | None, why: str, stacklevel: int = 2) -> None:
+    """An :class:`~etrace_fit.errors.ApproximationWarning` when ``plan``'s traces follow a
+    leaky readout's memory while the weights change inside it (``why``: ``update_every``,
+    a stateful stream): the memory is read through the readout weight of the current
+    step, where RTRL weighs each earlier step by the readout weight it had, so the
+    gradient is no longer exact (the error grows with the learning rate times the
+    readout's time constant; docs/algorithms.md)."""
+    if plan is None or plan.readout is None:
+        return
+    import warnings
+
+    weights = ", ".join(dict.fromkeys(format_path(p.relation.weight_path) for p in plan.pairs if p.readout_memory))
+    warnings.warn(f"the online gradients of {weights} are approximate with {why}: their traces follow the leaky "
+                  f"readout's memory (κ = {plan.readout.kappa:.4g}) through the readout weight of the current step, "
+                  f"and the updates change that weight within the memory (the error grows with the learning rate "
+                  f"times the readout's time constant); a stateless readout (Linear) keeps them exact",
+                  ApproximationWarning, stacklevel=stacklevel)
+
+
 def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:
     """One :class:`~etrace_fit.errors.ApproximationWarning` per weight whose online
     gradient under ``plan`` is approximate, naming it and saying why."""

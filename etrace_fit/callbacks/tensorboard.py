@@ -222,6 +222,9 @@ class TensorBoard(Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._global_batch += 1
         logs = logs or {}
+        if self._first_rate is None:  # the run's first update's rate (a schedule's start), read once
+            rate = getattr(self.model, "learning_rate", None)
+            self._first_rate = None if rate is None else float(rate)
         if self._profiling and self._fit_batch >= self.profile_range[1]:
             self._stop_profile(logs)
         if self.update_freq and self._global_batch % self.update_freq == 0 and "loss" in logs:
@@ -371,7 +374,7 @@ class TensorBoard(Callback):
     def _hparams(self) -> dict[str, Any]:
         trainer = self.model
         config = dict(trainer.config)
-        optimizer = config.pop("optimizer", None) or type(trainer.optimizer).__name__
+        optimizer = config.pop("optimizer", None) or "optax"  # a transformation of yours: no name to read
         values = {"optimizer": optimizer, "learning_rate": self._first_rate if self._first_rate is not None
                   else trainer.learning_rate, "epochs": self.params.get("epochs"),
                   "batch_size": getattr(trainer, "batch_size", None), **config, **self.hparams}

@@ -89,8 +89,12 @@ class Dashboards:
         limit, dtype = self._trace_norm_limit()
         found = []
         if not gradient <= self.EXPLODING_GRADIENT_NORM:
+            clip = getattr(self, "config", {}).get("grad_clip")
             found.append(f"the gradient norm is {gradient:.3g}: clip the gradient (Trainer(grad_clip=1.0)) or "
-                         f"lower the learning rate")
+                         f"lower the learning rate" if clip is None else
+                         f"the gradient norm before clipping is {gradient:.3g} (each update is clipped to "
+                         f"grad_clip={clip:g}): lower the learning rate, or look for the weight whose gradient "
+                         f"explodes (trainer.last_gradients, TensorBoard's norms/gradient per layer)")
         if not trace <= limit:
             fix = ("Trainer(trace_dtype='float64') (with jax_enable_x64) holds larger traces" if dtype != "float64"
                    else "shorter sequences (or stateful=False) and smaller recurrent weights keep them smaller")

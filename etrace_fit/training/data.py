@@ -255,14 +255,15 @@ def batch_major(x: Any, y: Any, weights: Any = None, name: str = "x") -> tuple:
     return swap(x), y, weights
 
 
-def placement(batch: Batch, loss_on: str, time_major: bool, per_sequence: bool = False
+def placement(batch: Batch, loss_on: str, time_major: bool, per_sequence: bool = False, wdtype: Any = None
               ) -> tuple[np.ndarray, Any, np.ndarray]:
     """``(xs (T, B, ...), ys (T, B, ...), weights (T, B))`` for one batch, on the host
     (numpy: no device work per batch before the one jitted step). ``weights`` place the
     loss in time (``loss_on``: ``"last"``, ``"all"`` averaged, ``"mask"`` averaged per
     sequence); float64 for float64 data, else float32. ``per_sequence``: a ``y`` whose
     second axis has ``T`` entries is one target per sequence (the Trainer knows it from
-    the loss and the output), not one per step."""
+    the loss and the output), not one per step. ``wdtype``: the weights' dtype when the
+    model's is wider than the data's (a float64 model fed bool spikes: float64)."""
     x = np.asarray(batch.x)
     tokens = x.ndim == 2 and np.issubdtype(x.dtype, np.integer)  # ids for an Embedding, as in Keras
     if x.ndim < 3 and not tokens:
@@ -278,7 +279,7 @@ def placement(batch: Batch, loss_on: str, time_major: bool, per_sequence: bool =
                           f"the loss by the mask, or drop the mask (a batch's third item is read as the mask: "
                           f"(x, y, mask); Keras' (x, y, sample_weight) batches are not taken, give sample_weight= "
                           f"with array data)")
-    wdtype = weight_dtype(x)
+    wdtype = weight_dtype(x) if wdtype is None else np.result_type(weight_dtype(x), wdtype).type
     if loss_on == "mask":
         if batch.mask is None:
             raise ShapeError("loss_on='mask' needs (x, y, mask) batches; this batch has no mask")

@@ -31,6 +31,7 @@ import optax
 
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting,
+                                  warn_readout_memory_under_updates,
                                   check_trace_dtype, compile as compile_learner, layer_nodes)
 from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
@@ -207,6 +208,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                               f"brainstate.nn.Module subclass), got {type(model).__name__}")
         parse_bytes(memory_budget)
         trace_dtype = check_trace_dtype(trace_dtype)
+        if trace_dtype is not None and sequence_algo(algo) is not None:
+            raise ConfigError(f"trace_dtype={trace_dtype.name!r} sets the eligibility traces' dtype, but algo={algo!r} "
+                              f"keeps no traces (it would be ignored); drop it, or use an online rule")
         if not isinstance(stateful, bool):
             raise ConfigError(f"stateful must be True or False, got {stateful!r}")
         if not isinstance(stop_on_nonfinite, bool):
@@ -393,7 +397,17 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """:func:`~etrace_fit.training.data.placement` with this trainer's ``loss_on``
         and layout."""
         time_major = self.time_major if time_major is None else time_major
-        return placement(batch, self.loss_on, time_major, per_sequence=self._targets_per_sequence(batch, time_major))
+        return placement(batch, self.loss_on, time_major, per_sequence=self._targets_per_sequence(batch, time_major),
+                         wdtype=self._loss_weight_dtype())
+
+    def _loss_weight_dtype(self) -> Any:
+        """float64 for a model with float64 weights (whatever the data's dtype: bool or
+        int spikes gave float32 loss weights, 1/T rounded, 1e-8 off float64 BPTT), else
+        None (the data's)."""
+        if getattr(self, "_wide_weights", None) is None:
+            leaves = jax.tree.leaves(self._model.states(brainstate.ParamState).to_dict_values())
+            self._wide_weights = any(jnp.result_type(leaf) == jnp.float64 for leaf in leaves)
+        return np.float64 if self._wide_weights else None
 
     def _targets_per_sequence(self, batch: Batch, time_major: bool) -> bool:
         """Whether a batch-major ``y (B, T)`` is one target of ``T`` values per sequence,
@@ -640,6 +654,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 self.sample_inputs = np.asarray(validation.x[:8])
                 self.sample_input = self.sample_inputs[0]
                 self.sample_label = None if validation.y is None else _class_label(validation.y[0])
+        if self.sample_input is None and is_array and len(x):  # no validation: the dashboards read training data
+            self.sample_inputs = np.asarray(x[:8])
+            self.sample_input = self.sample_inputs[0]
+            self.sample_label = None if y is None else _class_label(np.asarray(y)[0])
         self.stop_training = False
         self._follow_settings()
         if self.learner is not None and not self.learner.is_current():
@@ -823,6 +841,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if self.learner.plan is not None:
                     check_trace_memory(self.learner.plan, xs.shape[1],
                                        devices=1 if self._placement is None else self._placement.size)
+                    changing = [f"update_every={self.update_every}"] * (self.update_every is not None
+                                                                        and self.update_every < xs.shape[0])
+                    changing += ["stateful=True (the traces carry across batches)"] * self.stateful
+                    if changing:
+                        warn_readout_memory_under_updates(self.learner.plan, " and ".join(changing), stacklevel=6)
             return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()),
                                          max_chunk=max_chunk)
 

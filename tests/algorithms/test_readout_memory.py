@@ -358,3 +358,33 @@ def test_a_small_d_rtrl_trace_advances_in_the_step_loop_and_a_large_one_per_chun
         stacked = jax.tree.map(lambda a: a[None], step)
         np.testing.assert_allclose(np.asarray(large.advance_step(traces, large.stack_form(step))),
                                    np.asarray(large.advance(traces, stacked, 0)), rtol=1e-12, atol=1e-12)
+
+
+def test_the_readout_memory_under_weight_updates_is_warned_as_approximate():
+    """With update_every or stateful=True the readout weight changes inside the memory
+    the traces follow through the current weight: a user's full-RTRL reference measured
+    0.5-30 % off, unwarned. A stateless readout stays exact: no warning."""
+    import optax
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((4, 8, 3)).astype(np.float32) < 0.5, rng.integers(0, 2, 4)
+    match = r"the online gradients of layers\.0\.weight are approximate with {}: their traces follow the leaky readout"
+    with brainstate.environ.context(dt=1.0):
+        for options, why in [({"update_every": 2}, "update_every=2"),
+                             ({"stateful": True}, r"stateful=True \(the traces carry across batches\)")]:
+            model = ef.Sequential(L.Linear(3, 6), L.LIF(6), L.LeakyRateReadout(6, 2))
+            trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1), **options)
+            with pytest.warns(ef.ApproximationWarning, match=match.format(why)):
+                trainer.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+        model = ef.Sequential(L.Linear(3, 6), L.LIF(6), L.Linear(6, 2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ef.ApproximationWarning)
+            ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.1), update_every=2, stateful=True).fit(
+                x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+        model = ef.Sequential(L.Linear(3, 6), L.LIF(6), L.LeakyRateReadout(6, 2))
+        brainstate.nn.init_all_states(model, batch_size=4)
+        xs = np.swapaxes(x, 0, 1).astype(np.float32)
+        ys = np.zeros((8, 4, 2), np.float32)
+        with pytest.warns(ef.ApproximationWarning, match=match.format("update_every=3")):
+            ef.online_fit(model, xs, ys, lambda o, t: jnp.sum((o - t) ** 2), optax.sgd(0.1), update_every=3,
+                          algo="d_rtrl")

@@ -281,3 +281,37 @@ def test_an_epochs_points_are_on_disk_when_its_end_is_over_and_a_resumed_run_kee
     starts = [HParamsPluginData.FromString(v.metadata.plugin_data.content).session_start_info
               for tag, _, v in _values(tmp_path / "tb" / "train") if tag == "_hparams_/session_start_info"]
     assert [s.hparams["learning_rate"].number_value for s in starts] == [pytest.approx(0.01)]
+
+
+def test_a_fit_without_validation_still_gets_firing_dashboards_and_a_schedules_peak_rate(tmp_path):
+    """With arrays and no validation data no sequences were picked for the firing
+    statistics and the raster (an iterable's first batch was); the HParams rate of a
+    schedule was the first epoch's last batch's and the optimizer read
+    'GradientTransformationExtraArgs'. Now: the training data's first sequences, the
+    schedule's first rate, 'optax'."""
+    import optax
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+    x, y = _data()
+    schedule = optax.cosine_decay_schedule(0.01, 6)
+    trainer = ef.Trainer(_model(), optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=schedule))
+    trainer.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[TensorBoard(tmp_path / "tb", write_graph=False)])
+    scalars = _scalars(tmp_path / "tb" / "train")
+    assert sorted(scalars["firing/rate/LIF_1"]) == [0, 1, 2]
+    assert [round(scalars["epoch/learning_rate"][e], 6) for e in range(3)] == [
+        round(float(schedule(2 * e + 1)), 6) for e in range(3)]  # each epoch's last update's rate
+    [start] = [HParamsPluginData.FromString(v.metadata.plugin_data.content).session_start_info
+               for tag, _, v in _values(tmp_path / "tb" / "train") if tag == "_hparams_/session_start_info"]
+    assert start.hparams["learning_rate"].number_value == pytest.approx(0.01)
+    assert start.hparams["optimizer"].string_value == "optax"
+
+
+def test_the_exploding_gradient_warning_under_grad_clip_does_not_advise_clipping():
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="sgd", grad_clip=1.0)
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer.EXPLODING_GRADIENT_NORM = 1e-12
+    with pytest.warns(RuntimeWarning, match=r"the gradient norm before clipping is .* \(each update is clipped to "
+                                            r"grad_clip=1\): lower the learning rate") as record:
+        trainer._check_norms(1)
+    assert "Trainer(grad_clip=1.0)" not in str(record[0].message)

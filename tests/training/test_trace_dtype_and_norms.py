@@ -165,3 +165,10 @@ def test_with_the_loss_at_the_last_step_the_norms_are_of_the_traces_its_loss_rea
     for path in norms["last"]:
         assert np.all(norms["last"][path] > 0)
         np.testing.assert_allclose(norms["last"][path], norms["all"][path], rtol=1e-5)
+
+
+def test_a_trace_dtype_under_bptt_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match=r"trace_dtype='bfloat16' sets the eligibility traces' dtype, but "
+                                          r"algo='bptt' keeps no traces"):
+        ef.Trainer(_model(), algo="bptt", trace_dtype="bfloat16")
+    assert ef.Trainer(_model(), algo="d_rtrl", trace_dtype="bfloat16").trace_dtype == jnp.bfloat16

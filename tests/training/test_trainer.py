@@ -255,3 +255,23 @@ def test_predict_on_a_trainer_with_the_loss_on_a_mask():
     trainer = ef.Trainer(ef.Sequential(L.GRUCell(4, 8), L.Linear(8, 2)), loss_on="mask")
     assert trainer.predict(x, verbose=0).shape == (8, 2)
     assert trainer.predict(x, verbose=0, last_only=False).shape == (8, 6, 2)
+
+
+def test_a_float64_model_places_its_loss_in_float64_whatever_the_datas_dtype():
+    """Loss weights (1/T, sample weights) followed x's dtype: a float64 model fed bool
+    spikes got 1/T rounded to float32, 1e-8 off its float64 BPTT. Bool, int and float32
+    x now train to the same weights as float64 x, to the bit."""
+    rng = np.random.default_rng(0)
+    spikes = rng.random((8, 10, C)) < 0.3
+    y = rng.integers(0, 2, 8)
+    weights = {}
+    with brainstate.environ.context(precision=64):
+        for dtype in (np.float64, np.float32, np.int32, bool):
+            trainer = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.5), loss_on="all")
+            trainer.fit(spikes.astype(dtype), y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                        sample_weight=np.linspace(0.1, 1.1, 8))
+            weights[np.dtype(dtype).name] = _weights(trainer._model)
+    for name, tree in weights.items():
+        assert jax.tree.leaves(tree)[0].dtype == np.float64
+        for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(weights["float64"])):
+            np.testing.assert_array_equal(a, b, err_msg=name)
