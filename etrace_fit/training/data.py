@@ -217,6 +217,12 @@ def read_once(data: Any) -> bool:
 
 
 # ------------------------------------------------------------------ layouts and weights
+def targets_key(ys: Any) -> tuple:
+    """What a metric check depends on in the targets ``(T, B, ...)``: one step's shape
+    per sample and the dtype."""
+    return tuple(np.shape(ys)[2:]), np.result_type(ys).str
+
+
 def weight_dtype(x: np.ndarray) -> Any:
     """Loss weights in float64 for float64 data (exactness tests), else float32."""
     return np.float64 if x.dtype == np.float64 else np.float32

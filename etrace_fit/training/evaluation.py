@@ -20,7 +20,7 @@ from .. import _compat
 from ..callbacks import CallbackList
 from ..errors import ConfigError, ShapeError
 from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_mask, check_weights,
-                   loss_weight, placement)
+                   loss_weight, placement, targets_key)
 from .losses import check_batch_targets, check_target_shape, loss_name, needs_targets
 from .logs import check_verbose, keras_result
 
@@ -225,7 +225,9 @@ class Evaluation:
                 check_batch_targets(self.loss_fn, batch.y)
             if step == 0 and self._sample_output is not None:
                 check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=where)
-            if step == 0 and self.metric_fns and batch.y is not None:
+            if step == 0 and self.metric_fns and batch.y is not None and (
+                    targets_key(ys), tuple(map(id, self.metric_fns.values()))) not in getattr(
+                    self, "_metrics_checked", ()):  # fit checked them on its training targets
                 self._check_metrics(self._output_shape(xs[:1]), ys)
             if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
                 check_finite(data.x, "x")

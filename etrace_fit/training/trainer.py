@@ -42,7 +42,7 @@ from ..compiler import format_path
 from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
 from ..errors import ConfigError, ShapeError
 from .data import (Arrays, Batch, NoBatches, batch_major, batches, check_count, check_finite, check_mask, check_shuffle,
-                   check_weights, class_table, loss_weight, placement, read_once, split_validation)
+                   check_weights, class_table, loss_weight, placement, read_once, split_validation, targets_key)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
 from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden_states_reset, eager_reset,
@@ -492,6 +492,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """Each metric on the model's output and the targets of one step, traced without
         running: an error naming the metric (not JAX's broadcasting error from inside
         the training step), and one value per sample or a scalar."""
+        if not self.metric_fns:
+            return
+        if not hasattr(self, "_metrics_checked"):
+            self._metrics_checked = set()
+        self._metrics_checked.add((targets_key(ys), tuple(map(id, self.metric_fns.values()))))
         for name, fn in self.metric_fns.items():
             try:
                 value = jax.eval_shape(lambda output, target: fn(output[0], target[0]), out, ys[:1])

@@ -118,6 +118,11 @@ def test_a_metric_that_cannot_take_the_targets_fails_before_training_naming_itse
                                           r"the targets \(4,\) of one step .*integer labels\? use 'accuracy'"):
         _fit_logs("cross_entropy", np.arange(12) % 3, metrics=["categorical_accuracy"])
 
+    trainer, x, _ = _fit_logs("cross_entropy", np.arange(12) % 3, metrics=["accuracy"])
+    trainer.metric_fns = {"categorical_accuracy": get_metrics(["categorical_accuracy"])["categorical_accuracy"]}
+    with pytest.raises(ConfigError, match=r"metric 'categorical_accuracy' fails on the model's output"):
+        trainer.evaluate(x, np.arange(12) % 3, verbose=0)  # an evaluate checks them too
+
     def per_class(output, target):
         return output  # (B, C): per sample averaged, as Keras averages any shape
 

@@ -101,7 +101,7 @@ def test_the_running_estimate_is_the_bias_corrected_average_of_the_batches_rates
         trainer = ef.Trainer(_model(), algo="d_rtrl", optimizer=optax.sgd(0.0), regularizers=regs, metrics=[])
         seen = []
         history = trainer.fit(x2, y2, batch_size=8, epochs=1, shuffle=False, verbose=0,
-                              callbacks=[LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(logs["loss"]))])
+                              callbacks=[LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(float(logs.raw["loss"])))])
         losses[name] = seen
     np.testing.assert_allclose(losses["reg"][0], losses["plain"][0], rtol=1e-6)  # batch 1: no estimate, no penalty
     assert losses["reg"][1] > losses["plain"][1] + 1e-3  # batch 2: the penalty at the estimate

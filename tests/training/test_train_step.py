@@ -305,23 +305,26 @@ def test_a_batch_with_a_non_finite_loss_is_not_applied_and_is_reported(update_ev
 
 
 def test_batch_logs_are_read_only_floats_that_wait_for_the_device():
-    """``on_train_batch_end`` gets a mapping of floats (``raw``: the device scalars),
-    one per batch; the epoch's logs are the size-weighted means of them."""
+    """``on_train_batch_end`` gets a mapping of floats (``raw``: the batch's own device
+    scalars); the epoch's logs are the size-weighted means of the batches' own values,
+    and, as in Keras, the last batch's logs (running means) equal them."""
     x, y = _data(20)
     seen = []
 
     class Spy(ef.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            seen.append((isinstance(logs, ef.callbacks.BatchLogs), dict(logs), set(logs.raw)))
+            seen.append((isinstance(logs, ef.callbacks.BatchLogs), dict(logs),
+                         {k: float(v) for k, v in logs.raw.items()}))
 
     trainer = ef.Trainer(_model(), algo="esd_rtrl", optimizer=optax.sgd(0.0))
     history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[Spy()])
     assert [s[0] for s in seen] == [True] * 3
     assert all(type(v) is float for _, logs, _ in seen for v in logs.values())
-    assert all(keys == {"loss", "accuracy"} for *_, keys in seen)
+    assert all(set(raw) == {"loss", "accuracy"} for *_, raw in seen)
     sizes = [8, 8, 4]
-    mean = sum(n * logs["loss"] for n, (_, logs, _) in zip(sizes, seen)) / 20
+    mean = sum(n * raw["loss"] for n, (_, _, raw) in zip(sizes, seen)) / 20
     assert history.history["loss"][0] == pytest.approx(mean, rel=1e-6)
+    assert seen[-1][1]["loss"] == pytest.approx(mean, rel=1e-6)
 
 
 def test_traces_that_do_not_fit_the_device_fail_before_training(monkeypatch):
