@@ -303,7 +303,7 @@ class TensorBoard(Callback):
         for path, norms in (trainer.last_trace_norms or {}).items():
             largest = float(np.max(np.asarray(norms, np.float64)))
             if math.isfinite(largest) and largest > 0:
-                train.add_scalar(f"norms/trace_log10/{self._tag(path, 'weight')}", math.log10(largest), epoch)
+                train.add_scalar(f"norms/trace_log10/{self._tag(path)}", math.log10(largest), epoch)
 
     def _histogram(self, tag: str, values: np.ndarray, epoch: int) -> None:
         values = values.ravel()
@@ -336,7 +336,7 @@ class TensorBoard(Callback):
                 self._histogram(f"gradients/{self._tag(path, leaf)}", array, epoch)
         for path, norms in (trainer.last_trace_norms or {}).items():
             norms = np.asarray(norms, np.float64)
-            self._histogram(f"trace_norms_log10/{self._tag(path, 'weight')}", np.log10(norms[norms > 0]), epoch)
+            self._histogram(f"trace_norms_log10/{self._tag(path)}", np.log10(norms[norms > 0]), epoch)
 
     def _samples(self) -> tuple[np.ndarray, Any]:
         """Up to RASTER_SAMPLES sequences (validation ones if ``fit`` had them) and the

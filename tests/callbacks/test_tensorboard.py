@@ -96,12 +96,12 @@ def test_tags_are_readable_and_norms_firing_and_histograms_are_written(run):
     values = _values(folder / "train")
     kinds = {(tag, v.WhichOneof("value")) for tag, _, v in values}
     for tag in ("weights/Linear_0/kernel", "weights/Linear_0/bias", "weights/LeakyRateReadout_2/kernel",
-                "gradients/Linear_0/kernel", "trace_norms_log10/Linear_0/kernel"):
+                "gradients/Linear_0/kernel", "trace_norms_log10/Linear_0/weight"):
         assert (tag, "histo") in kinds, tag
     histogram_steps = {step for tag, step, _ in values if tag == "weights/Linear_0/kernel"}
     assert histogram_steps == {0, 2}  # every 2nd epoch, and the last one
     scalars = _scalars(folder / "train")
-    for tag in ("norms/gradient", "norms/gradient/Linear_0", "norms/trace_log10/Linear_0/kernel",
+    for tag in ("norms/gradient", "norms/gradient/Linear_0", "norms/trace_log10/Linear_0/weight",
                 "firing/rate/LIF_1", "firing/silent_fraction/LIF_1", "firing/saturated_fraction/LIF_1"):
         assert sorted(scalars[tag]) == [0, 1, 2], tag
     assert 0.0 <= scalars["firing/rate/LIF_1"][2] <= 1.0
@@ -109,7 +109,7 @@ def test_tags_are_readable_and_norms_firing_and_histograms_are_written(run):
     expected = math.sqrt(sum(float(np.sum(np.asarray(g) ** 2)) for g in grads["layers.0.weight"].values()))
     assert scalars["norms/gradient/Linear_0"][2] == pytest.approx(expected, rel=1e-5)
     largest = float(np.max(np.asarray(trainer.last_trace_norms["layers.0.weight"])))
-    assert scalars["norms/trace_log10/Linear_0/kernel"][2] == pytest.approx(math.log10(largest), rel=1e-5)
+    assert scalars["norms/trace_log10/Linear_0/weight"][2] == pytest.approx(math.log10(largest), rel=1e-5)
     texts = {tag for tag, _, v in values if v.metadata.plugin_data.plugin_name == "text"}
     assert {"model_summary/text_summary", "compile_report/text_summary"} <= texts
     assert ("spikes/raster", "image") in kinds
@@ -143,6 +143,7 @@ def test_layer_labels_and_tags_name_layers_by_type_and_index():
     assert readable_tag("layers.0.weight", "weight", labels) == "Linear_0/kernel"
     assert readable_tag("layers.0.weight", "bias", labels) == "Linear_0/bias"
     assert readable_tag("layers.1.layers.1.tau", "", labels) == "Sequential_1/ALIF_1/tau"
+    assert readable_tag("layers.0.weight", "", labels) == "Linear_0/weight"  # a trace norm: kernel and bias
 
 
 def test_the_raster_figure_labels_its_axes_and_shows_label_and_prediction():
