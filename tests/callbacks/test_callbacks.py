@@ -74,45 +74,40 @@ class FakeTrainer:
         self.weights = weights
 
 
-def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
+def _watch(stopper, values):
+    """Run ``stopper`` over epochs logging ``values`` as val_loss, on a fake trainer whose
+    weights "after" epoch e are e; the epoch it stopped at (or the last)."""
     fake = FakeTrainer()
-    stopper = EarlyStopping("val_loss", patience=2, restore_best_weights=True)
     stopper.set_model(fake)
     stopper.on_train_begin()
-    for epoch, value in enumerate([3.0, 2.0, 2.5, 2.6, 2.7]):
-        fake.weights = epoch  # the weights "after" this epoch
+    for epoch, value in enumerate(values):
+        fake.weights = epoch
         stopper.on_epoch_end(epoch, {"val_loss": value})
         if fake.stop_training:
             break
+    return epoch
+
+
+def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
+    stopper = EarlyStopping("val_loss", patience=2, restore_best_weights=True)
+    epoch = _watch(stopper, [3.0, 2.0, 2.5, 2.6, 2.7])
     assert epoch == 3 and stopper.stopped_epoch == 3 and stopper.best_epoch == 1
     stopper.on_train_end()
-    assert fake.weights == 1
+    assert stopper.model.weights == 1
 
 
 def test_early_stopping_with_a_baseline_never_beaten_keeps_the_best_epochs_weights():
     """Keras 3: the best epoch is tracked (and restored) whether or not it beats the
     baseline; only the wait's restart needs that. The best started at the baseline
     here, so nothing was ever kept and the run ended on its last epoch's weights."""
-    fake = FakeTrainer()
     stopper = EarlyStopping("val_loss", patience=2, baseline=1.0, restore_best_weights=True)
-    stopper.set_model(fake)
-    stopper.on_train_begin()
-    for epoch, value in enumerate([3.0, 2.0, 2.5, 2.6, 2.7]):
-        fake.weights = epoch
-        stopper.on_epoch_end(epoch, {"val_loss": value})
-        if fake.stop_training:
-            break
+    epoch = _watch(stopper, [3.0, 2.0, 2.5, 2.6, 2.7])
     # epoch 0 and 1 improve without beating 1.0 (wait 1, 2; an improving epoch never stops), epoch 2 does not
     assert epoch == 2 and stopper.best == 2.0 and stopper.best_epoch == 1
     stopper.on_train_end()
-    assert fake.weights == 1
+    assert stopper.model.weights == 1
     beaten = EarlyStopping("val_loss", patience=1, baseline=2.5)
-    beaten.set_model(FakeTrainer())
-    beaten.on_train_begin()
-    for epoch, value in enumerate([3.0, 2.0, 2.2, 2.1]):
-        beaten.on_epoch_end(epoch, {"val_loss": value})
-        if beaten.model.stop_training:
-            break
+    epoch = _watch(beaten, [3.0, 2.0, 2.2, 2.1])
     assert epoch == 2 and beaten.best_epoch == 1  # 2.0 beat the baseline: the wait started again there
 
 
