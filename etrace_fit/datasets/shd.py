@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,9 @@ NUM_UNITS = 700
 CLASSES = {"shd": 20, "ssc": 35}
 SPLITS = {"shd": ("train", "test"), "ssc": ("train", "valid", "test")}
 URL = "https://zenkelab.org/datasets/{name}.h5.gz"
+#: The longest recording either dataset holds is about 1.4 s; a last spike ten times later
+#: than that is the sign of times in ms (or µs), not seconds.
+LONGEST_RECORDING = 1.4
 LAYOUT = ("an HDF5 file with the datasets spikes/times (one variable-length float array per sample, "
           "seconds), spikes/units (variable-length uint16 arrays, unit indices < 700) and labels (ints)")
 
@@ -84,6 +88,8 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
         if len(labels) == 0:
             raise DataError(f"{path}: the file holds no samples")
 
+        latest = [0.0, -1]  # the latest spike time read and its sample
+
         def samples():
             for i in range(len(labels)):
                 sample_times, sample_units = times[i], units[i]
@@ -97,6 +103,8 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
                     first = int(np.argmax(~(np.isfinite(sample_times) & (sample_times >= 0))))
                     raise DataError(f"{path}: sample {i} has spike time {sample_times[first]} (at index {first}); "
                                     f"expected finite times >= 0 in seconds")
+                if sample_times.size and float(sample_times.max()) > latest[0]:
+                    latest[:] = float(sample_times.max()), i
                 yield sample_times, sample_units
 
         y = np.asarray(labels[:])
@@ -107,6 +115,11 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
                             f"({classes} classes)")
         x, lengths = bin_samples(samples(), NUM_UNITS, dt=dt, num_bins=num_bins, max_time=max_time, count=len(labels),
                                 source=str(path))
+        if max_time is None and latest[0] > 10 * LONGEST_RECORDING:
+            warnings.warn(f"{path}: sample {latest[1]} has a spike at t = {latest[0]:g}, but recordings last about "
+                          f"{LONGEST_RECORDING} s, so each sample is binned to {x.shape[1]} steps: are the times in "
+                          f"seconds (not ms or µs)? Or give max_time to keep [0, max_time) seconds",
+                          RuntimeWarning, stacklevel=6)  # load_shd's caller
         return {"x": x, "y": y.astype(np.int32), "lengths": lengths}
 
 

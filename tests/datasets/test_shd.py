@@ -2,6 +2,7 @@
 
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -73,6 +74,19 @@ def test_float16_times_as_published_are_read(tmp_path):
     write_shd(tmp_path / "shd_test.h5", [[0.125, 0.5]], [[3, 699]], [7], time_dtype=np.float16)
     x, y = load_shd(tmp_path, "test", dt=0.25, max_time=1.0, cache=False)
     assert x.shape == (1, 4, 700) and x[0, 0, 3] == 1 and x[0, 2, 699] == 1 and x.sum() == 2 and y.tolist() == [7]
+
+
+def test_times_in_ms_without_max_time_warn_with_the_sample_and_the_steps(tmp_path):
+    write_shd(tmp_path / "shd_test.h5", [[0.5, 3.0], [12.0, 800.0]], [[1, 2], [3, 4]], [0, 1])
+    with pytest.warns(RuntimeWarning, match=r"shd_test.h5: sample 1 has a spike at t = 800, but recordings last about "
+                                            r"1.4 s, so each sample is binned to 80001 steps: are the times in "
+                                            r"seconds \(not ms or µs\)\? Or give max_time") as caught:
+        x, _ = load_shd(tmp_path, "test", dt=0.01, max_time=None, cache=False)
+    assert x.shape == (2, 80001, 700) and caught[0].filename == __file__
+    write_shd(tmp_path / "shd_train.h5", [[0.5, 1.3]], [[1, 2]], [0])  # a real recording's length: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_shd(tmp_path, "train", dt=0.01, max_time=None, cache=False)[0].shape == (1, 131, 700)
 
 
 def test_max_time_drops_later_spikes_and_num_bins_splits_it(shd_root):
