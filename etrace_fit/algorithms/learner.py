@@ -509,7 +509,8 @@ def check_trace_dtype(trace_dtype: Any) -> Any:
                           f"{trace_dtype if dtype is None else dtype.name!r}")
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
         raise ConfigError("trace_dtype float64 needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
-                          "before building the model")
+                          "before building the model (brainstate.environ.set(precision=64) does too); it is off "
+                          "inside brainstate.environ.context(precision=32) and after set(precision=32)")
     return dtype
 
 

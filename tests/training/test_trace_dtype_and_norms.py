@@ -117,6 +117,10 @@ def test_float64_traces_need_x64_and_match_bptt_under_it():
     with pytest.raises(ConfigError, match=r"trace_dtype float64 needs 64-bit JAX: call "
                                           r"jax.config.update\('jax_enable_x64', True\)"):
         ef.Trainer(_model(), trace_dtype="float64")
+    with brainstate.environ.context(precision=64), brainstate.environ.context(precision=32):  # x64 on, then off
+        with pytest.raises(ConfigError, match=r"set\(precision=64\) does too\); it is off inside "
+                                              r"brainstate.environ.context\(precision=32\)"):
+            ef.Trainer(_model(), trace_dtype="float64")
     x, y = _data(8)
     with brainstate.environ.context(precision=64):
         trainer = _fitted(trace_dtype=np.float64)
