@@ -113,7 +113,7 @@ class ModelCheckpoint(MonitoredCallback):
             raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} cannot be formatted with the epoch (an "
                               f"int) and the logs (floats): {type(error).__name__}: {error}; e.g. "
                               f"'ckpt/{{epoch:03d}}-{{val_loss:.3f}}.ckpt'") from None
-        if os.path.isdir(sample):
+        if os.path.isdir(sample) or sample.endswith(("/", os.sep)):
             raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} is a folder; give a file path in it, "
                               f"e.g. {os.path.join(self.filepath, 'epoch-{epoch:03d}.ckpt')!r}")
         folder = writable_folder(self._base_folder(), "ModelCheckpoint")
@@ -135,6 +135,10 @@ class ModelCheckpoint(MonitoredCallback):
             self._save(epoch, logs or {})
 
     def _save(self, epoch: int, logs: dict, batch: int | None = None) -> None:
+        validates = getattr(self.model, "validates_epoch", None)
+        if validates is not None and not validates(epoch) and any(
+                f.startswith("val_") and f not in logs for f in self._fields()):
+            return  # the name needs a validation value this epoch does not have (validation_freq): not a best either
         if self.save_best_only:
             value = self._current(epoch, logs)
             if value is None or not self._monitor.improves(value):
@@ -142,10 +146,6 @@ class ModelCheckpoint(MonitoredCallback):
                     print(f"Epoch {epoch + 1}: {self.monitor} did not improve from {self.best:.5f}")
                 return
             previous, self.best = self.best, value
-        validates = getattr(self.model, "validates_epoch", None)
-        if validates is not None and not validates(epoch) and any(
-                f.startswith("val_") and f not in logs for f in self._fields()):
-            return  # the name needs a validation value this epoch does not have (validation_freq)
         at = {"epoch": epoch + 1} if batch is None else {"epoch": epoch + 1, "batch": batch + 1}
         try:
             path = self.filepath.format(**at, **logs)

@@ -93,6 +93,29 @@ def test_epochs_without_validation_are_skipped_by_the_monitors(tmp_path):
     assert [name.split("-")[0] for name in sorted(os.listdir(tmp_path / "named"))] == ["2", "4"]
 
 
+def test_a_best_epoch_without_the_validation_value_its_name_needs_is_not_taken_for_the_best(tmp_path):
+    """``monitor="loss"`` with ``{val_loss}`` in the name and ``validation_freq=2``: an
+    epoch that did not validate cannot be written, so it is not the best either (it was
+    taken for the best, never written, and every later epoch compared against it)."""
+    x, y = _data(24)
+    trainer = ef.Trainer(_trainer().model, optimizer=optax.sgd(-0.5))  # gradient ascent: epoch 1 is the best
+    best = ModelCheckpoint(str(tmp_path / "{epoch}-{val_loss:.3f}.ckpt"), monitor="loss", save_best_only=True)
+    history = trainer.fit(x, y, batch_size=8, epochs=4, verbose=0, validation_split=0.25, validation_freq=2,
+                          callbacks=[best])
+    losses = history.history["loss"]
+    assert losses == sorted(losses) and losses[0] < losses[1]  # every epoch worse than the one before
+    assert [name.split("-")[0] for name in os.listdir(tmp_path)] == ["2"] and best.best == losses[1]
+
+
+def test_a_folder_path_fails_before_training_even_when_the_folder_does_not_exist_yet(tmp_path):
+    x, y = _data(16)
+    batches = Batches()
+    with pytest.raises(ConfigError, match=r"ModelCheckpoint: filepath '.*ckpt/' is a folder; give a file path in it"):
+        _trainer().fit(x, y, batch_size=8, epochs=2, verbose=0,
+                       callbacks=[batches, ModelCheckpoint(str(tmp_path / "ckpt") + "/")])
+    assert batches.count == 0
+
+
 @pytest.mark.parametrize("make", [lambda: ReduceLROnPlateau("loss"),
                                   lambda: LearningRateScheduler(lambda epoch, rate: rate * 0.5)],
                          ids=["plateau", "scheduler"])
