@@ -9,7 +9,18 @@ Layers live in :mod:`etrace_fit.layers`, the ETP primitives they use in
 :mod:`etrace_fit.distributed`, errors in :mod:`etrace_fit.errors`.
 """
 
-from . import algorithms, callbacks, compiler, datasets, distributed, errors, layers, ops, training
+import jax as _jax
+
+# brainstate's import turns JAX's 64-bit mode off (its default precision is 32 bits), even when
+# the user enabled it (jax.config.update or JAX_ENABLE_X64=1) before importing us: keep theirs.
+_X64 = _jax.config.jax_enable_x64
+import brainstate as _brainstate  # noqa: E402
+
+if _X64 and not _jax.config.jax_enable_x64:
+    _jax.config.update("jax_enable_x64", True)
+del _brainstate, _X64
+
+from . import algorithms, callbacks, compiler, datasets, distributed, errors, layers, ops, training  # noqa: E402
 from .algorithms import Learner, LearnerState, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import (ApproximationWarning, CheckpointError, CompilationError, ConfigError, DataError, EtraceError,

@@ -1,9 +1,12 @@
 """Package-level promises: public names, one module for JAX internals, import direction."""
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 import etrace_fit
 
@@ -76,6 +79,19 @@ def test_subpackages_are_attributes_without_an_import():
     code = ("import etrace_fit as ef; ef.datasets.evidence_accumulation; ef.callbacks.TensorBoard; "
             "ef.training.Trainer; ef.LearnerState")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+@pytest.mark.parametrize("enable", ["import jax; jax.config.update('jax_enable_x64', True); ", "import jax; "],
+                         ids=["config", "environment"])
+def test_importing_keeps_64_bit_jax_enabled_before_it(enable):
+    """brainstate's import turned it off: float64 comparisons ran in float32, and
+    ``trace_dtype="float64"`` asked for what the user had done."""
+    code = enable + ("import etrace_fit; import jax.numpy as jnp; "
+                     "assert jax.config.jax_enable_x64 and jnp.ones(1, jnp.float64).dtype == jnp.float64")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                   env={**os.environ, "JAX_ENABLE_X64": "1" if "update" not in enable else "0"})
+    off = "import jax, etrace_fit; assert not jax.config.jax_enable_x64"  # left off when it was off
+    subprocess.run([sys.executable, "-c", off], check=True, timeout=300, env={**os.environ, "JAX_ENABLE_X64": "0"})
 
 
 def test_docs_do_not_promise_what_exists_as_a_future_release():
