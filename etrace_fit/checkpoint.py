@@ -30,7 +30,7 @@ from flax import serialization
 from .compiler import format_path
 from .errors import CheckpointError
 
-__all__ = ["FORMAT_VERSION", "TEMP_PREFIX", "fingerprint", "read_checkpoint", "remove_temporaries",
+__all__ = ["FORMAT_VERSION", "TEMP_PREFIX", "check_fingerprint", "fingerprint", "read_checkpoint", "remove_temporaries",
            "write_checkpoint"]
 
 FORMAT_VERSION = 2
@@ -54,7 +54,9 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any], *, params_f
     from . import __version__
 
     path = os.fspath(path)
-    if os.path.isdir(path):
+    if not path:
+        raise CheckpointError("the checkpoint path is empty: give a file name, e.g. 'runs/run.ckpt'")
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
         raise CheckpointError(f"{path} is a folder: give the checkpoint a file name in it")
     parent = os.path.dirname(os.path.abspath(path))
     blocking = next((p for p in _ancestors(parent) if os.path.exists(p) and not os.path.isdir(p)), None)
@@ -66,8 +68,11 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any], *, params_f
     header = {"format_version": FORMAT_VERSION, "manifest_bytes": len(manifest), "payload_bytes": len(payload),
               "sha256": hashlib.sha256(manifest + payload).hexdigest()}
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    except OSError as error:  # a read-only or full disk: name the checkpoint, not our temporary file
+        raise CheckpointError(f"cannot write checkpoint {path}: {error.strerror or error}") from error
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(_MAGIC)
@@ -77,9 +82,11 @@ def write_checkpoint(path: str | os.PathLike, state: dict[str, Any], *, params_f
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.remove(temporary)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write checkpoint {path}: {error.strerror or error}") from error
         raise
     directory = os.open(folder, os.O_RDONLY)
     try:
@@ -136,13 +143,33 @@ def read_checkpoint(path: str | os.PathLike, *, params_fingerprint: list | None 
         raise CheckpointError(f"{path}: format version {version!r} is not one this etrace_fit reads "
                               f"(1 or {FORMAT_VERSION}); was it written by a newer version?")
     if params_fingerprint is not None and manifest.get("fingerprint") != params_fingerprint:
-        raise CheckpointError(f"{path} was saved from a model of another structure:\n"
-                              + _mismatch(manifest.get("fingerprint") or [], params_fingerprint))
+        check_fingerprint(path, manifest, params_fingerprint)
     try:
         state = serialization.msgpack_restore(payload)
     except Exception as error:  # msgpack raises several types for bad bytes
         raise CheckpointError(f"{path}: the payload cannot be decoded ({error})") from error
     return manifest, state
+
+
+def check_fingerprint(path: Any, manifest: dict, current: list, cast: bool = False) -> None:
+    """A :class:`CheckpointError` naming the parameters whose saved shapes or dtypes differ
+    from ``current``'s; ``cast``: floating dtypes may differ (the caller casts, as Keras'
+    ``load_weights`` does), and without it a difference in them alone says so."""
+    saved = manifest.get("fingerprint") or []
+    if saved == current:
+        return
+    floats_only = _without_float_dtypes(saved) == _without_float_dtypes(current)
+    if cast and floats_only:
+        return
+    hint = ("\nOnly floating dtypes differ (a model built at another precision): trainer.load_weights(path) casts "
+            "the weights, as Keras' does; the optimizer state is the saved precision's" if floats_only else "")
+    raise CheckpointError(f"{os.fspath(path)} was saved from a model of another structure:\n"
+                          + _mismatch(saved, current) + hint)
+
+
+def _without_float_dtypes(rows: list) -> list:
+    return [[name, [[shape, "float" if np.dtype(dtype).kind == "f" else dtype] for shape, dtype in leaves]]
+            for name, leaves in rows]
 
 
 def _format_2(path: str, header: dict, rest: bytes) -> tuple[dict, bytes]:

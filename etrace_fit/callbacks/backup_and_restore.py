@@ -17,7 +17,7 @@ __all__ = ["BackupAndRestore"]
 # gradients (algo, its decay, trace dtype and budget, loss, its placement, regularisers)
 # and the batches (seed: the shuffling). Metrics, verbosity and the like may change.
 _RUN_SETTINGS = ("algo", "decay", "memory_budget", "trace_dtype", "loss", "loss_callable", "loss_on", "regularizers",
-                 "seed", "stateful", "time_major")
+                 "seed", "stateful", "time_major", "optimizer", "update_every", "grad_clip")
 
 
 class BackupAndRestore(Callback):

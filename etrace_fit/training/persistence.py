@@ -51,9 +51,15 @@ class Persistence:
                               for n, held in enumerate(rates) if held is not None}
         extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
-                 "has_opt_state": self.opt_state is not None, "process_count": jax.process_count()}
+                 "has_opt_state": self.opt_state is not None, "process_count": jax.process_count(),
+                 "pending_learning_rate": self._pending_learning_rate}
         if not is_main_process():
             return
+        if self.stateful and self._stream is not None:
+            warnings.warn(f"save({os.fspath(path)!r}) in the middle of a stream (stateful=True): the checkpoint holds "
+                          f"the weights and optimizer state, not the streams' hidden states and traces, so a "
+                          f"trainer restored from it starts its streams afresh; save after reset_states() (at a "
+                          f"stream's end) to mark that", UserWarning, stacklevel=2)
         checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
 
     def save_weights(self, path: Any, overwrite: bool = True) -> None:
@@ -78,11 +84,15 @@ class Persistence:
         :meth:`save_weights` or :meth:`save` wrote; the optimizer state, epoch and
         history stay as they are. :class:`CheckpointError` (and nothing changed) if the
         file does not fit the model, naming the weights that differ."""
-        _, state = checkpoint.read_checkpoint(path, params_fingerprint=self._fingerprint())
+        manifest, state = checkpoint.read_checkpoint(path)
+        ours = self._fingerprint()
+        if manifest.get("fingerprint") != ours:
+            checkpoint.check_fingerprint(path, manifest, ours, cast=True)  # Keras casts: float32 into float64 and back
         params = self._saved_params(path, state)
         long_term = _restored_long_term(path, self._model, state)
         for path_, param in self._params().items():
-            param.value = params[path_]
+            param.value = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), params[path_],
+                                       param.value)
         for held, value in long_term:
             held.value = value
         self._model_touched = True
@@ -133,17 +143,19 @@ class Persistence:
                                   ) from error
         long_term = _restored_long_term(path, self._model, state)
         rates = self._restored_rates(path, state)
-        opt_state = self.opt_state
-        if manifest.get("has_opt_state"):
-            opt_state = self._restored_opt_state(path, manifest, state, params)
+        # A file saved before any batch holds no optimizer state: the restored trainer starts a fresh one (the
+        # current one's moments and step count belong to the training since), as it does the rates.
+        opt_state = self._restored_opt_state(path, manifest, state, params) if manifest.get("has_opt_state") else None
         for path_, param in self._params().items():
             param.value = params[path_]
         for held, value in long_term:
             held.value = value
         self._model_touched = True
         self.opt_state = opt_state
-        if rates is not None:
-            self._state = self._state._replace(rates=rates)
+        self._state = self._state._replace(rates=rates)  # None: estimated afresh from the next batch
+        if opt_state is None:
+            pending = manifest.get("pending_learning_rate")
+            self._pending_learning_rate = None if pending is None else float(pending)
         self.history = History(self.history.params, model=self)
         self.history.epoch.extend(epochs)
         self.history.history = {k: list(v) for k, v in history.items()}
@@ -194,6 +206,12 @@ class Persistence:
         now = self.config
         differs = [f"{key} {saved.get(key)!r} when saved, {now.get(key)!r} now" for key in
                    ("optimizer", "update_every", "grad_clip") if key in saved and saved.get(key) != now.get(key)]
+        if isinstance(saved.get("optimizer"), str) and isinstance(now.get("optimizer"), str) and \
+                saved["optimizer"] != now["optimizer"]:  # the same shapes, another optimizer's meaning
+            raise CheckpointError(f"{path}: the saved optimizer state does not fit this trainer's optimizer "
+                                  f"({'; '.join(differs)}: another optimizer's state, whatever its shapes); restore "
+                                  f"with optimizer={saved['optimizer']!r}, or load the weights alone with "
+                                  f"trainer.load_weights(path)")
         if self.update_every is None:
             target = initial_state(self.optimizer, {format_path(p): v for p, v in params.items()})
         else:
@@ -220,7 +238,9 @@ class Persistence:
         for a callable loss and for regularisers: a ``ConfigError`` asks for them
         (``Trainer.load(path, model, loss=my_loss)``); ``overrides`` replace any saved
         constructor argument."""
-        manifest, _ = checkpoint.read_checkpoint(path)
+        with warnings.catch_warnings():  # a format-1 file warns once, when _restore reads it
+            warnings.simplefilter("ignore")
+            manifest, _ = checkpoint.read_checkpoint(path)
         if manifest.get("content") == WEIGHTS_ONLY:
             raise CheckpointError(f"{path} holds weights only (save_weights): build the trainer and call "
                                   f"trainer.load_weights(path)")
@@ -232,6 +252,11 @@ class Persistence:
             if saved is not None and what not in overrides:
                 raise ConfigError(f"{path} was saved from a trainer with {what}={saved!r} (code, which a checkpoint "
                                   f"does not hold); pass it again: Trainer.load(path, model, {what}=...)")
+        callables = config.pop("metric_callables", None)
+        if callables and "metrics" not in overrides:
+            raise ConfigError(f"{path} was saved from a trainer with metrics={[*config.get('metrics', []), *callables]}"
+                              f" of which {callables} are functions (code, which a checkpoint does not hold); pass "
+                              f"the metrics again: Trainer.load(path, model, metrics=[...])")
         config.update(overrides)
         saved_optimizer = config.pop("optimizer", None)
         trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)

@@ -232,7 +232,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                            loss_callable=None if isinstance(loss, str) or loss is None else
                            getattr(loss, "__name__", type(loss).__name__),
                            optimizer=optimizer if isinstance(optimizer, str) else None,
-                           metrics=[m for m in (metrics or ()) if isinstance(m, str)], decay=decay, loss_on=loss_on,
+                           metrics=[m for m in (metrics or ()) if isinstance(m, str)],
+                           metric_callables=[getattr(m, "__name__", type(m).__name__) for m in (metrics or ())
+                                             if not isinstance(m, str)] or None, decay=decay, loss_on=loss_on,
                            time_major=time_major, seed=seed, update_every=update_every, grad_clip=grad_clip,
                            memory_budget=memory_budget, trace_dtype=None if trace_dtype is None else trace_dtype.name,
                            stateful=stateful, stop_on_nonfinite=stop_on_nonfinite,

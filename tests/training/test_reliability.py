@@ -90,6 +90,10 @@ def test_a_format_1_checkpoint_is_still_read_with_a_warning(tmp_path):
         fresh.restore(old)
     for a, b in zip(_weights(trainer), _weights(fresh)):
         np.testing.assert_array_equal(a, b)
+    with warnings.catch_warnings(record=True) as caught:  # once, not once per read
+        warnings.simplefilter("always")
+        ef.Trainer.load(old, _model())
+    assert len([w for w in caught if "format 1" in str(w.message)]) == 1
 
 
 # ------------------------------------------------------------------ what load explains
@@ -106,6 +110,107 @@ def test_loading_with_another_optimizer_or_update_every_says_what_differs_and_ch
         ef.Trainer(_model(), optimizer="adam", update_every=4).restore(path)
     with pytest.raises(CheckpointError, match=r"pass the same optimizer"):
         ef.Trainer(_model(), optimizer=optax.sgd(0.1)).restore(path)
+
+
+def test_a_checkpoint_saved_before_training_restores_a_fresh_optimizer(tmp_path):
+    """Its weights, epoch and history came back while the trained Adam moments and step
+    count stayed: the next epoch differed from a fresh trainer restoring the same file."""
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    trainer.learning_rate = 0.02  # set before the optimizer exists: kept by the file too
+    trainer.save(tmp_path / "start.ckpt")
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert trainer.opt_state is not None
+    trainer.restore(tmp_path / "start.ckpt")
+    assert trainer.opt_state is None and trainer.epoch == -1 and trainer.learning_rate == pytest.approx(0.02)
+    fresh = ef.Trainer(_model(), optimizer="adam")
+    fresh.restore(tmp_path / "start.ckpt")
+    assert fresh.learning_rate == pytest.approx(0.02)
+    for again in (trainer, fresh):
+        again.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    for a, b in zip(_weights(trainer), _weights(fresh)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_callable_metrics_must_be_passed_again_at_load(tmp_path):
+    """They were dropped without a word while the history kept their column."""
+    def top1(output, label):
+        return (output.argmax(-1) == label).astype(np.float32)
+
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="adam", metrics=["accuracy", top1])
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    trainer.save(tmp_path / "a.ckpt")
+    with pytest.raises(ConfigError, match=r"metrics=\['accuracy', 'top1'\] of which \['top1'\] are functions .*"
+                                          r"Trainer.load\(path, model, metrics=\[\.\.\.\]\)"):
+        ef.Trainer.load(tmp_path / "a.ckpt", _model())
+    loaded = ef.Trainer.load(tmp_path / "a.ckpt", _model(), metrics=["accuracy", top1])
+    assert set(loaded.evaluate(x, y, verbose=0)) == {"loss", "accuracy", "top1"}
+
+
+def test_saving_in_the_middle_of_a_stream_says_the_streams_start_afresh(tmp_path):
+    x, y = _data(4)
+    trainer = ef.Trainer(_model(), optimizer="sgd", stateful=True, loss_on="all")
+    targets = np.repeat(np.asarray(y)[:, None], x.shape[1], axis=1)
+    trainer.train_on_batch(x, targets)
+    with pytest.warns(UserWarning, match=r"in the middle of a stream \(stateful=True\): the checkpoint holds the "
+                                         r"weights and optimizer state, not the streams' hidden states"):
+        trainer.save(tmp_path / "mid.ckpt")
+    trainer.reset_states()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.save(tmp_path / "end.ckpt")
+
+
+def test_load_weights_casts_a_checkpoint_of_another_precision_and_restore_says_it_only_differs_there(tmp_path):
+    import brainstate
+    from etrace_fit import layers as L
+
+    def model():
+        brainstate.random.seed(0)
+        return ef.Sequential(L.Linear(3, 8), L.LIF(8), L.LeakyRateReadout(8, 2))
+
+    single = ef.Trainer(model(), optimizer="adam")
+    single.save(tmp_path / "single.ckpt")
+    single.save_weights(tmp_path / "single.weights")
+    with brainstate.environ.context(precision=64):
+        double = ef.Trainer(model(), optimizer="adam")
+        assert {str(v["weight"].dtype) for v in double.get_weights().values()} == {"float64"}
+        for path in ("single.weights", "single.ckpt"):
+            double.load_weights(tmp_path / path)
+            for (name, a), b in zip(double.get_weights().items(), single.get_weights().values()):
+                assert a["weight"].dtype == np.float64, name
+                np.testing.assert_array_equal(a["weight"], np.asarray(b["weight"], np.float64))
+        with pytest.raises(CheckpointError, match=r"(?s)another structure:\n.*float32.*float64.*\nOnly floating dtypes "
+                                                  r"differ .*trainer.load_weights\(path\) casts the weights"):
+            double.restore(tmp_path / "single.ckpt")
+    with pytest.raises(CheckpointError, match=r"another structure"):  # another shape is still refused
+        ef.Trainer(_model(hidden=5), optimizer="adam").load_weights(tmp_path / "single.weights")
+
+
+@pytest.mark.parametrize("path, message", [("", "the checkpoint path is empty"),
+                                           ("newdir/", "newdir/ is a folder: give the checkpoint a file name in it")])
+def test_a_path_that_cannot_be_a_checkpoint_file_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                       path, message):
+    monkeypatch.chdir(tmp_path / ".." if path == "" else tmp_path)
+    before = sorted(os.listdir(".."))
+    trainer = ef.Trainer(_model(), optimizer="adam")
+    for save in (trainer.save, trainer.save_weights):
+        with pytest.raises(CheckpointError, match=message):
+            save(path)
+    assert sorted(os.listdir("..")) == before and not os.path.exists("newdir")
+
+
+def test_a_write_that_fails_names_the_checkpoint_not_the_temporary_file(tmp_path, monkeypatch):
+    import tempfile
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full_disk)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*run\.ckpt: No space left on device"):
+        ef.Trainer(_model(), optimizer="adam").save(tmp_path / "run.ckpt")
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_callable_loss_must_be_passed_again_at_load(tmp_path):
@@ -277,10 +382,13 @@ def test_a_csv_filename_that_is_a_folder_fails_before_the_first_batch(tmp_path, 
     assert batches == []
 
 
-@pytest.mark.parametrize("changed", [dict(algo="bptt"), dict(loss_on="all"), dict(seed=7)])
+@pytest.mark.parametrize("changed", [dict(algo="bptt"), dict(loss_on="all"), dict(seed=7), dict(optimizer="nadam"),
+                                     dict(update_every=2), dict(grad_clip=0.01)])
 def test_backups_of_a_run_with_other_settings_are_refused_and_kept(tmp_path, changed):
     """Another algo, loss placement or seed resumed the run silently: its History mixed
-    hybrid and BPTT epochs, its shuffling changed mid-run."""
+    hybrid and BPTT epochs, its shuffling changed mid-run. So did another optimizer whose
+    state has the same shapes (Adam's moments read by NAdam), ``update_every`` or
+    ``grad_clip``, which the docs list among what is refused."""
     from _killed import killed_before
 
     x, y = _data()
@@ -292,7 +400,7 @@ def test_backups_of_a_run_with_other_settings_are_refused_and_kept(tmp_path, cha
     key, value = next(iter(changed.items()))
     with pytest.raises(ConfigError, match=rf"BackupAndRestore: .* cannot continue .*: latest \(epoch 1\): {key}="
                                           rf".* when backed up, {value!r} now\. They are left as they are"):
-        ef.Trainer(_model(), optimizer="adam", **{"seed": 0, **changed}).fit(
+        ef.Trainer(_model(), **{"optimizer": "adam", "seed": 0, **changed}).fit(
             x, y, batch_size=8, epochs=3, verbose=0, callbacks=[BackupAndRestore(backup)])
     assert (backup / "latest.ckpt").read_bytes() == before
 
