@@ -23,11 +23,14 @@ _ELEMENTWISE = frozenset(
 )
 
 
-def reached(jaxpr: Any, starts: Any, after: int = -1) -> set:
+def reached(jaxpr: Any, starts: Any, after: int = -1, differentiable: bool = False) -> set:
     """Every variable computed (through any equation after index ``after``) from
-    ``starts``, the starts included."""
+    ``starts``, the starts included; ``differentiable``: not through a
+    ``stop_gradient`` (what a derivative can reach)."""
     found = set(starts)
     for index, eqn in enumerate(jaxpr.eqns):
+        if differentiable and eqn.primitive.name == "stop_gradient":
+            continue
         if index > after and any(not isinstance(v, _compat.Literal) and v in found for v in eqn.invars):
             found.update(eqn.outvars)
     return found

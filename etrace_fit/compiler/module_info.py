@@ -241,14 +241,21 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
         for name in inlined
     ]
     states: list[StateInfo] = []
-    in_cursor, out_cursor = num_inputs, num_outputs
+    in_cursor, out_cursor, slices = num_inputs, num_outputs, []
+    for state in traced_states:  # each state's variables in the jaxpr: its value read, its value written
+        num_leaves = len(jax.tree.leaves(state.value))
+        slices.append((tuple(jaxpr.invars[in_cursor: in_cursor + num_leaves]),
+                       tuple(jaxpr.outvars[out_cursor: out_cursor + num_leaves])))
+        in_cursor, out_cursor = in_cursor + num_leaves, out_cursor + num_leaves
+    # what the loss sees, now or later: the outputs and the hidden states written (a long-term state read
+    # into one of these is memory with a gradient; read only into itself it is a running statistic)
+    consequences = {v for v in output_vars if not isinstance(v, _compat.Literal)} | {
+        v for state, (_, outs) in zip(traced_states, slices)
+        if isinstance(state, brainstate.HiddenState) and id(state) in written
+        for v in outs if not isinstance(v, _compat.Literal)}
     for number, (state, new_shape) in enumerate(zip(traced_states, new_state_shapes)):
         path = paths.get(id(state), ("<external>", number))
-        num_leaves = len(jax.tree.leaves(state.value))
-        in_vars = tuple(jaxpr.invars[in_cursor : in_cursor + num_leaves])
-        out_vars = tuple(jaxpr.outvars[out_cursor : out_cursor + num_leaves])
-        in_cursor += num_leaves
-        out_cursor += num_leaves
+        in_vars, out_vars = slices[number]
         is_written = id(state) in written
         if isinstance(state, brainstate.ParamState):
             kind = WEIGHT
@@ -271,6 +278,16 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
                 ))
         else:
             kind = OTHER
+            if online and is_written and isinstance(state, brainstate.LongTermState) and _plain_memory(
+                    state, in_vars, out_vars, jaxpr, consequences):
+                raise CompilationError(
+                    f"LongTermState {format_path(path)} is memory with a gradient: the step writes it from its "
+                    f"previous value and from values with a gradient (the inputs, a weight, a hidden state), and "
+                    f"its value reaches the output or a hidden state. The online rules follow hidden states only, "
+                    f"so the gradient through its memory would be dropped, silently. Declare it as "
+                    f"brainstate.HiddenState (ef.layers.Neuron's self.hidden(...)), or write it under "
+                    f"jax.lax.stop_gradient if it should carry none; algo='bptt' takes it as it is"
+                )
             if online and is_written and _plain_memory(state, in_vars, out_vars, jaxpr):
                 raise CompilationError(
                     f"{type(state).__name__} {format_path(path)} is carried from step to step (the step writes it "
@@ -278,8 +295,8 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
                     f"hidden states only, so its memory would get no gradient through time, silently. Declare it "
                     f"as brainstate.HiddenState (memory within a sequence, reset by reset_state; "
                     f"ef.layers.Neuron's self.hidden(...) does this), or as brainstate.LongTermState if it is "
-                    f"carried across batches without a gradient (running statistics); algo='bptt' "
-                    f"takes it as it is"
+                    f"carried across batches without a gradient (running statistics, or a value written under "
+                    f"jax.lax.stop_gradient); algo='bptt' takes it as it is"
                 )
             if isinstance(state, brainstate.HiddenState):
                 diagnostics.append(Diagnostic(
@@ -313,22 +330,29 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
     )
 
 
-def _plain_memory(state: Any, in_vars: Sequence, out_vars: Sequence, jaxpr: Any) -> bool:
+def _plain_memory(state: Any, in_vars: Sequence, out_vars: Sequence, jaxpr: Any, consequences: set | None = None
+                  ) -> bool:
     """Whether ``state`` (written by the step, neither a hidden state nor a weight) is
     memory the online rules would miss: a floating-point ``brainstate.State`` or
-    ``ShortTermState`` (not long-term: running statistics; not a random key) whose new
-    value depends on its previous one and on something with a gradient (the inputs, a
-    weight, another state). A step counter depends on itself alone and is no such
-    memory. Dependence is followed through every equation (an equation's outputs
-    depend on all its inputs: conservative inside nested ones)."""
-    if isinstance(state, (brainstate.LongTermState, brainstate.HiddenState, brainstate.random.RandomState)):
+    ``ShortTermState`` (not a random key) whose new value depends on its previous one and
+    on something with a gradient (the inputs, a weight, another state), not through a
+    ``stop_gradient``. A step counter depends on itself alone and is no such memory. A ``LongTermState`` is one only when
+    ``consequences`` is given and its previous value reaches one of them (the outputs,
+    the hidden states written): running statistics are written from themselves and the
+    batch but read by nothing the loss sees in training. Dependence is followed through
+    every equation (an equation's outputs depend on all its inputs: conservative inside
+    nested ones)."""
+    if isinstance(state, (brainstate.HiddenState, brainstate.random.RandomState)):
+        return False
+    if isinstance(state, brainstate.LongTermState) != (consequences is not None):
         return False
     if not in_vars or not all(map(carries_derivative, in_vars)):
         return False
     own = set(in_vars)
     others = {v for v in jaxpr.invars if v not in own and carries_derivative(v)}
-    return all(reached(jaxpr, sources).intersection(v for v in out_vars if not isinstance(v, _compat.Literal))
-               for sources in (own, others))
+    written = {v for v in out_vars if not isinstance(v, _compat.Literal)}
+    memory = all(reached(jaxpr, sources, differentiable=True).intersection(written) for sources in (own, others))
+    return memory and (consequences is None or bool(reached(jaxpr, own).intersection(consequences)))
 
 
 def _check_hidden_consistent(path: tuple, old_value: Any, new_shape: Any) -> None:

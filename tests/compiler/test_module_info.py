@@ -259,13 +259,42 @@ def test_a_plain_state_carried_from_step_to_step_is_refused_naming_the_fix(env64
         module_info(model, jnp.ones((B, I)))
 
 
+class RunningMean(PlainMemory):
+    """A long-term state written from itself and the batch, read by nothing the loss
+    sees (running statistics), or (``stopped``) read into the output but written under
+    ``stop_gradient``."""
+
+    def __init__(self, stopped=False):
+        super().__init__(brainstate.LongTermState)
+        self.stopped = stopped
+
+    def update(self, x):
+        new = 0.9 * self.v.value + 0.1 * x
+        self.v.value = jax.lax.stop_gradient(new) if self.stopped else new
+        return jnp.tanh(x + self.v.value) if self.stopped else jnp.tanh(x)
+
+
 def test_states_written_without_a_gradient_through_time_stay_allowed(env64):
-    """A long-term state (running statistics) and a counter that depends on itself
-    alone are not memory the rules miss; the ``MixedStates`` counter is one."""
+    """Running statistics, a long-term state written under ``stop_gradient`` and a
+    counter that depends on itself alone are not memory the rules miss; the
+    ``MixedStates`` counter is one."""
+    for memory in (RunningMean(), RunningMean(stopped=True)):
+        model = L.Sequential(linear(0, I, N), L.LIF(N), memory, linear(1, N, O))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        module_info(model, jnp.ones((B, I)))
+    module_info(MixedStates(), jnp.ones((B, I)))
+
+
+def test_a_long_term_state_used_as_memory_with_a_gradient_is_refused_and_bptt_takes_it(env64):
+    """It was exempt as "long-term": D-RTRL's gradient of the first weight was 1.5 off
+    BPTT's (relative), with the report calling it exact and no warning."""
     model = L.Sequential(linear(0, I, N), L.LIF(N), PlainMemory(brainstate.LongTermState), linear(1, N, O))
     brainstate.nn.init_all_states(model, batch_size=B)
-    module_info(model, jnp.ones((B, I)))
-    module_info(MixedStates(), jnp.ones((B, I)))
+    with pytest.raises(CompilationError, match=r"LongTermState layers\.2\.v is memory with a gradient: .* Declare it "
+                                               r"as brainstate\.HiddenState .* jax\.lax\.stop_gradient .* "
+                                               r"algo='bptt' takes it"):
+        module_info(model, jnp.ones((B, I)))
+    module_info(model, jnp.ones((B, I)), online=False)
 
 
 def test_a_hidden_state_whose_unit_changes_is_refused_and_restored(env64):
