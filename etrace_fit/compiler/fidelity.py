@@ -153,7 +153,8 @@ def _record(relation: Relation, reason: str, message: str, groups: tuple[int, ..
 
 def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int, tuple[str, ...]]:
     """Per relation: the plain (non-ETP) primitives outside every operand chain that
-    read one of its weight leaves and whose result reaches a new hidden value."""
+    read one of its weight leaves, or a value its operand chain made of them (``w.T``,
+    ``w * 2`` shared with the op), and whose result reaches a new hidden value."""
     leaf_vars = {(s.path, leaf): var for s in module.weights for var, leaf in zip(s.in_vars, s.leaf_names)}
     hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
     eqns = module.jaxpr.eqns
@@ -164,6 +165,7 @@ def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int
     found = {}
     for relation in relations:
         leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
+        leaves |= {v for i in _operand_chain(module, relation, leaves) for v in eqns[i].outvars}
         uses = []
         for index, eqn in enumerate(eqns):
             if index in traced:

@@ -23,15 +23,17 @@ def linear(seed, i, o):
 class PlainToo(brainstate.nn.Module):
     """A weight used by its ETP op and also by a plain ``@`` that reaches the state."""
 
-    def __init__(self):
+    def __init__(self, made=None, plain=True):
         super().__init__()
-        self.w = brainstate.ParamState(jnp.asarray(rand(3, I, N, scale=0.3)))
+        self.made, self.plain = made, plain  # made: the op reads a value made of the weight, shared with the @
+        self.w = brainstate.ParamState(jnp.asarray(rand(3, *((N, I) if made == "transposed" else (I, N)), scale=0.3)))
 
     def init_state(self, batch_size=None, **kwargs):
         self.h = brainstate.HiddenState(jnp.zeros((batch_size, N)))
 
     def update(self, x):
-        self.h.value = 0.9 * self.h.value + ops.matmul(x, self.w.value) + jnp.tanh(x @ self.w.value)
+        w = {None: self.w.value, "transposed": self.w.value.T, "scaled": 2.0 * self.w.value}[self.made]
+        self.h.value = 0.9 * self.h.value + ops.matmul(x, w) + (jnp.tanh(x @ w) if self.plain else 0.0)
         return self.h.value
 
 
@@ -97,3 +99,17 @@ def test_a_plain_use_of_a_traced_weight_is_named(env64):
     found, records = approximate("plain_too")
     assert found == {("layers.0.w", "untraced_use")}
     assert "dot_general" in records[0].message
+
+
+@pytest.mark.parametrize("made", ["transposed", "scaled"])
+def test_a_plain_use_of_a_value_made_of_the_weight_for_its_op_is_named(env64, made):
+    """``w.T`` or ``2 * w`` read by the ETP op and by a plain ``@``: only plain reads of
+    the weight itself were found, so D-RTRL was 0.3–0.4 off BPTT (relative) unwarned."""
+    BUILDERS[made] = lambda: L.Sequential(PlainToo(made), linear(2, N, O))
+    BUILDERS[made + "_alone"] = lambda: L.Sequential(PlainToo(made, plain=False), linear(2, N, O))
+    try:
+        found, records = approximate(made)
+        assert found == {("layers.0.w", "untraced_use")} and "dot_general" in records[0].message
+        assert approximate(made + "_alone")[0] == set()  # the op's own chain is no plain use
+    finally:
+        del BUILDERS[made], BUILDERS[made + "_alone"]
