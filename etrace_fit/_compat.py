@@ -208,6 +208,17 @@ def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
     return eqn.primitive.name == "custom_vjp_call"
 
 
+def custom_jvp_rule_jaxpr(eqn: JaxprEqn) -> Jaxpr | None:
+    """The JVP rule of a ``custom_jvp`` call as a jaxpr ``(primals, tangents) ->
+    (primal outs, tangent outs)``, every tangent taken nonzero; ``None`` if this JAX
+    keeps it in another form."""
+    try:  # (JAX memoizes the traced rule: asking again costs nothing)
+        jaxpr, _, _ = eqn.params["jvp_jaxpr_fun"].call_wrapped(*[False] * (len(eqn.invars) - eqn.params["num_consts"]))
+    except Exception:  # another JAX's form of the rule (a thunk, a closed jaxpr)
+        return None
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
 def custom_vjp_name(eqn: JaxprEqn) -> str:
     """The name and place of the function a ``custom_vjp`` call wraps (``"spike at
     neurons.py:12"``), as JAX's debug info has it."""

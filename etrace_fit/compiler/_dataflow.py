@@ -52,22 +52,27 @@ def is_boundary(eqn: Any) -> bool:
     return info is not None and not info.transparent
 
 
-def is_elementwise(eqn: Any) -> bool:
-    """Whether ``eqn`` acts on each unit on its own (a custom_jvp or custom_vjp function,
+def is_elementwise(eqn: Any, rules: bool = True) -> bool:
+    """Whether ``eqn`` acts on each unit on its own (a custom_jvp function and its JVP rule, a custom_vjp function,
     a nested jit, a cond / while / fori_loop / checkpoint: if everything inside it does,
     :func:`_compat.per_unit_bodies`)."""
     info = etp_op_info(eqn.primitive)
     if info is not None:
         return info.transparent
-    if eqn.primitive.name == "custom_jvp_call":
-        return all(is_elementwise(inner) for inner in eqn.params["call_jaxpr"].jaxpr.eqns)
+    if eqn.primitive.name == "custom_jvp_call":  # its function and its JVP rule (which may mix what it does not)
+        if not all(is_elementwise(inner, rules) for inner in eqn.params["call_jaxpr"].jaxpr.eqns):
+            return False
+        # The rule's own custom_jvp calls (a spike's rule calls the spike for its primal) are taken by their
+        # function: a first derivative is all the rules take, and their rules' rules would never end.
+        rule = _compat.custom_jvp_rule_jaxpr(eqn) if rules else None
+        return rule is None or all(is_elementwise(inner, rules=False) for inner in rule.eqns)
     if _compat.is_custom_vjp_call(eqn):  # its forward pass; its bwd is checked by module_info
-        return all(is_elementwise(inner) for inner in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns)
+        return all(is_elementwise(inner, rules) for inner in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns)
     if _compat.is_nested_jit(eqn):
-        return all(is_elementwise(inner) for inner in _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)
+        return all(is_elementwise(inner, rules) for inner in _compat.nested_jit_jaxpr(eqn).jaxpr.eqns)
     bodies = _compat.per_unit_bodies(eqn)  # cond, while, fori_loop, checkpoint: sub-steps of a neuron
     if bodies is not None:
-        return all(is_elementwise(inner) for body in bodies for inner in body.eqns)
+        return all(is_elementwise(inner, rules) for body in bodies for inner in body.eqns)
     return eqn.primitive.name in _ELEMENTWISE
 
 

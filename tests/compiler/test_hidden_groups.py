@@ -281,6 +281,42 @@ def test_unit_mixing_inside_a_custom_jvp_function_is_reported(env64):
     assert DiagnosticKind.NON_ELEMENTWISE_COUPLING in [d.kind for d in diagnostics]
 
 
+@jax.custom_jvp
+def _spike_mixing_derivative(v):
+    return jax.nn.sigmoid(4 * v)
+
+
+@_spike_mixing_derivative.defjvp
+def _spike_mixing_derivative_jvp(primals, tangents):  # an elementwise function, a JVP rule that mixes units
+    (v,), (dv,) = primals, tangents
+    s = jax.nn.sigmoid(4 * v)
+    return s, 4 * s * (1 - s) * dv + 0.5 * jnp.mean(4 * s * (1 - s) * dv, -1, keepdims=True)
+
+
+class ResetByMixedDerivative(brainstate.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = brainstate.ParamState(jnp.asarray(rand(33, I, N)))
+        self.h = brainstate.HiddenState(jnp.asarray(rand(34, B, N)))
+
+    def update(self, x):
+        self.h.value = 0.8 * self.h.value * (1 - _spike_mixing_derivative(self.h.value - 1.0)) + \
+            ops.matmul(x, self.w.value)
+        return self.h.value
+
+
+def test_a_custom_jvp_rule_that_mixes_units_is_reported_though_its_function_does_not(env64):
+    """docs/neurons.md sends a unit-mixing ``custom_vjp`` to ``custom_jvp``; only the
+    function was looked at, so D-RTRL was 0.1 off BPTT (relative), reported exact."""
+    _, _, diagnostics = _groups(ResetByMixedDerivative(), jnp.ones((B, I)))
+    assert DiagnosticKind.NON_ELEMENTWISE_COUPLING in [d.kind for d in diagnostics]
+    for spike in (L.Triangle(), L.Sigmoid(), L.FastSigmoid()):  # the library's spikes: their rules do not mix
+        model = L.Sequential(linear(0, I, N), L.LIF(N, surrogate=spike))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        _, _, diagnostics = _groups(model, jnp.ones((B, I)))
+        assert DiagnosticKind.NON_ELEMENTWISE_COUPLING not in [d.kind for d in diagnostics], spike
+
+
 class _Counter(brainstate.nn.Module):
     """A float membrane next to an int32 refractory counter."""
 
