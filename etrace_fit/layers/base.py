@@ -229,8 +229,8 @@ def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool
         mantissa = np.broadcast_to(mantissa, shape)
     except ValueError:
         raise ShapeError(f"{describe(layer)}: {what} must be a scalar or have shape {shape}, got shape {mantissa.shape}") from None
-    if not np.all(mantissa > 0):
-        raise ConfigError(f"{describe(layer)}: {what} must be positive, got {tau}")
+    if mantissa.dtype.kind not in "iuf" or not np.all(np.isfinite(mantissa)) or not np.all(mantissa > 0):
+        raise ConfigError(f"{describe(layer)}: {what} must be a positive finite number (or one per unit), got {tau!r}")
     unit = u.get_unit(tau) if isinstance(tau, u.Quantity) else None  # (get_unit makes a list a jax array)
     value = filled(mantissa, shape, brainstate.environ.dftype())
     value = value if unit is None or unit.is_unitless else u.Quantity(value, unit=unit)

@@ -12,6 +12,8 @@ from typing import Any
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
+import saiunit as u
 
 from ..errors import ConfigError
 from .base import Neuron, check_trailing_shape, decay, time_constant
@@ -27,7 +29,16 @@ def check_membrane_args(layer: str, reset: str, v_threshold: float, v_reset: flo
     """Raise :class:`ConfigError` for an unknown reset or a threshold not above reset."""
     if reset not in _RESETS:
         raise ConfigError(f"{layer}: reset must be one of {_RESETS}, got {reset!r}")
-    if not v_threshold > v_reset:
+    try:
+        if isinstance(v_threshold, (str, bytes)) or isinstance(v_reset, (str, bytes)):
+            raise TypeError
+        threshold, reset_to = (np.asarray(u.get_mantissa(v), dtype=float) for v in (v_threshold, v_reset))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{layer}: v_threshold and v_reset must be numbers (or one per unit), got {v_threshold!r} "
+                          f"and {v_reset!r}") from None
+    if not (np.all(np.isfinite(threshold)) and np.all(np.isfinite(reset_to))):
+        raise ConfigError(f"{layer}: v_threshold and v_reset must be finite, got {v_threshold!r} and {v_reset!r}")
+    if not np.all(threshold > reset_to):
         raise ConfigError(f"{layer}: v_threshold ({v_threshold}) must exceed v_reset ({v_reset})")
 
 
@@ -75,7 +86,11 @@ class _SpikingBase(Neuron):
         self.refractory = refractory
         self.reset, self.v_threshold, self.v_reset = reset, v_threshold, v_reset
         self.detach_reset = detach_reset
-        self.surrogate: Surrogate = get_surrogate(surrogate, surrogate_scale)
+        try:
+            self.surrogate: Surrogate = get_surrogate(surrogate, surrogate_scale)
+        except ConfigError as error:
+            raise ConfigError(f"{type(self).__name__}({size}): {error}" + (
+                " (from surrogate_scale)" if surrogate_scale is not None else "")) from None
         self.tau = time_constant(self, tau, shape, learn_tau)
         self.hidden("V", init=brainstate.nn.init.ZeroInit() if state_init is None else state_init)
         if refractory:
@@ -244,6 +259,9 @@ class ALIF(_SpikingBase):
         super().__init__(size, tau, v_threshold, v_reset, reset, surrogate, surrogate_scale,
                          detach_reset, learn_tau, state_init, name, refractory)
         self.tau_a = time_constant(self, tau_a, self.shape, learn_tau_a, what="tau_a")
+        if isinstance(beta, bool) or np.asarray(beta).dtype.kind not in "iuf" or not np.all(np.isfinite(beta)):
+            raise ConfigError(f"{type(self).__name__}({size}): beta (the adaptation strength) must be a finite "
+                              f"number, got {beta!r}")
         self.beta = beta
         self.hidden("a", init=0.0)
 

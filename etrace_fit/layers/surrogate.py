@@ -11,6 +11,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ConfigError
 
@@ -35,6 +36,22 @@ class Surrogate:
 
     scale: float = 1.0
 
+    #: Fields that must be positive finite numbers (checked when it is made: a zero or
+    #: negative one gives no gradient or one pointing the wrong way, silently).
+    positive = ("scale",)
+
+    def __post_init__(self):
+        for field in type(self).positive:
+            value = getattr(self, field)
+            try:
+                ok = not isinstance(value, bool) and bool(np.all(np.isfinite(value)) and np.all(np.asarray(value) > 0))
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{type(self).__name__}: {field} must be a positive finite number, got {value!r} "
+                                  f"(the spikes' gradient is {field} times the pseudo-derivative)" if field == "scale"
+                                  else f"{type(self).__name__}: {field} must be a positive finite number, got {value!r}")
+
     def __call__(self, v: jax.Array) -> jax.Array:
         return _heaviside(jnp.asarray(v), self)
 
@@ -52,6 +69,7 @@ class Sigmoid(Surrogate):
     """
 
     alpha: float = 4.0
+    positive = ("scale", "alpha")
 
     def derivative(self, v):
         # σ(αv)·σ(−αv) rather than s·(1 − s), which cancels in float32 for large αv.
@@ -69,6 +87,7 @@ class Triangle(Surrogate):
     """
 
     width: float = 1.0
+    positive = ("scale", "width")
 
     def derivative(self, v):
         return self.scale * jnp.maximum(0.0, 1.0 - jnp.abs(v) / self.width) / self.width
@@ -84,6 +103,7 @@ class FastSigmoid(Surrogate):
     """
 
     alpha: float = 10.0
+    positive = ("scale", "alpha")
 
     def derivative(self, v):
         return self.scale / (1.0 + self.alpha * jnp.abs(v)) ** 2

@@ -285,6 +285,13 @@ def test_wrong_input_size(env, cls):
     assert f"{cls.__name__}({N})" in message and f"({B}, {N + 1})" in message
 
 
+def test_alif_beta_must_be_a_finite_number():
+    """``beta=nan`` was taken: every batch's loss was NaN, blamed on the learning rate."""
+    for bad in (float("nan"), "0.5", True):
+        with pytest.raises(ConfigError, match=r"ALIF\(4\): beta \(the adaptation strength\) must be a finite number"):
+            L.ALIF(4, beta=bad)
+
+
 @pytest.mark.parametrize("cls", [L.LIF, L.ALIF])
 def test_config_errors(cls):
     with pytest.raises(ConfigError) as info:
@@ -303,6 +310,17 @@ def test_config_errors(cls):
         cls(N, tau=np.ones(N + 1))
     with pytest.raises(ConfigError, match="v_threshold"):
         cls(N, v_threshold=0.0, v_reset=0.0)
+    # raw numpy / Python errors before: a string, an array threshold, a non-finite one
+    for bad in ("x", float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match=r"tau must be a positive finite number"):
+            cls(N, tau=bad)
+    with pytest.raises(ConfigError, match=r"v_threshold and v_reset must be numbers \(or one per unit\), got '1'"):
+        cls(N, v_threshold="1")
+    with pytest.raises(ConfigError, match=r"v_threshold and v_reset must be finite"):
+        cls(N, v_threshold=float("nan"))
+    cls(N, v_threshold=np.linspace(0.5, 1.5, N))  # one per unit: taken
+    with pytest.raises(ConfigError, match=r"v_threshold \(.*\) must exceed v_reset"):
+        cls(N, v_threshold=np.linspace(-0.5, 1.5, N))
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="size"):
             cls(bad)

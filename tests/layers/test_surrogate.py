@@ -158,3 +158,19 @@ def test_hashable_for_jit_caches():
 def test_base_class_has_no_derivative():
     with pytest.raises(NotImplementedError):
         jax.grad(Surrogate())(jnp.float32(0.5))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Triangle(scale=0.0), r"Triangle: scale must be a positive finite number, got 0.0"),
+    (lambda: Sigmoid(scale=-1.0), r"Sigmoid: scale must be a positive finite number, got -1.0"),
+    (lambda: Triangle(width=0.0), r"Triangle: width must be a positive finite number, got 0.0"),
+    (lambda: Sigmoid(alpha=-4.0), r"Sigmoid: alpha must be a positive finite number, got -4.0"),
+    (lambda: FastSigmoid(alpha=float("nan")), r"FastSigmoid: alpha must be a positive finite number, got nan"),
+    (lambda: get_surrogate("triangle", 0), r"Triangle: scale must be a positive finite number, got 0"),
+    (lambda: L.LIF(8, surrogate_scale=-1.0), r"LIF\(8\): Triangle: scale must be .*\(from surrogate_scale\)"),
+])
+def test_a_setting_that_zeroes_or_flips_the_spike_gradient_is_refused(make, match):
+    """Each was taken: a scale of 0 gave exactly zero gradients, a negative scale or
+    alpha gradients pointing the wrong way (cosine -0.93), a width of 0 NaN."""
+    with pytest.raises(ConfigError, match=match):
+        make()
