@@ -303,8 +303,23 @@ class Learner:
                           "compiled before (a lambda or closure made anew for each call?): define the loss once "
                           "and pass that same function, or compile once with ef.compile(..., step_loss) and call "
                           "learner.grad; programs are keyed by the function object", RuntimeWarning, stacklevel=4)
-        while len(self._compiled) >= MAX_PROGRAMS:
+        while len(self._compiled) >= self.max_programs:
             self._compiled.pop(next(iter(self._compiled)))
+
+    @property
+    def max_programs(self) -> int:
+        """How many programs :meth:`compiled` keeps (the oldest go): :data:`MAX_PROGRAMS`,
+        or more where a Trainer's data has more batch shapes (every later ``fit``
+        compiled every shape again)."""
+        return self._notes.get("max_programs", MAX_PROGRAMS)
+
+    def keep_programs(self, count: int) -> None:
+        """Keep at least ``count`` programs from now on."""
+        self._notes["max_programs"] = max(self.max_programs, int(count))
+
+    def programs(self) -> list:
+        """The online programs held now (one per input shape)."""
+        return [compiled.program for compiled in self._compiled.values()]
 
     def _plan_on(self, graph: ETraceGraph) -> Plan:
         """This learner's plan on ``graph`` (the same step at another batch size)."""

@@ -14,6 +14,7 @@ batch's logs lets the device run ahead.
 
 from __future__ import annotations
 
+import math
 import os
 
 from collections.abc import Mapping, MutableMapping
@@ -445,3 +446,18 @@ class MonitoredCallback(Callback):
     @best.setter
     def best(self, value: float) -> None:
         self._monitor.best = value
+
+
+def checked_learning_rate(value: Any, name: str) -> float:
+    """``value`` as a float, or a ``ConfigError`` naming ``name``: a rate must be a finite
+    number ≥ 0 (an infinite or NaN one makes every weight NaN at the next update, and a
+    negative one climbs the loss)."""
+    from ..errors import ConfigError
+
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(rate) or rate < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+    return rate

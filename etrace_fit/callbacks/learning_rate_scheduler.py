@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ConfigError
-from .base import Callback
+from .base import Callback, checked_learning_rate
 
 __all__ = ["LearningRateScheduler"]
 
@@ -40,7 +40,8 @@ class LearningRateScheduler(Callback):
                               "(learning_rate=1e-3), or give it by name (optimizer='adam')")
 
     def on_epoch_begin(self, epoch, logs=None):
-        value = float(self.schedule(epoch, self.model.learning_rate) if self._takes_rate else self.schedule(epoch))
+        given = self.schedule(epoch, self.model.learning_rate) if self._takes_rate else self.schedule(epoch)
+        value = checked_learning_rate(given, f"LearningRateScheduler: the schedule's rate for epoch {epoch + 1}")
         self.model.learning_rate = value
         if self.verbose:
             print(f"LearningRateScheduler: epoch {epoch + 1} learning rate {value:.6g}")

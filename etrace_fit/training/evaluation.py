@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import threading
 import warnings
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any, Sequence
 
 import brainstate
@@ -39,7 +40,20 @@ class Evaluation:
         if carry:
             carry = self._continue_stream(xs.shape[1])
             self._model_touched = True  # the streams' states moved on in the model: read them before training
+        if not carry:
+            self._states_at(xs.shape[1])
         return self._forward_program()(xs, carry)
+
+    def _states_at(self, batch: int) -> None:
+        """The hidden states at ``batch`` rows before a program that resets them itself:
+        ``brainstate.transform.jit`` passes them in and JAX keys its cache on their shapes,
+        so the states a smaller last batch left compiled the same program again (a
+        ``predict`` of one shape compiled twice, the validation compiled ahead again)."""
+        for state in self._model.states(brainstate.HiddenState).values():
+            leaves = jax.tree.leaves(state.value)
+            if leaves and np.ndim(leaves[0]) and np.shape(leaves[0])[0] != batch:
+                brainstate.nn.reset_all_states(self._model, batch_size=batch)
+            return
 
     def _output_shape(self, xs: jax.Array) -> jax.ShapeDtypeStruct:
         """The shape and dtype :meth:`_outputs` would return for ``xs``, from a trace of
@@ -130,6 +144,7 @@ class Evaluation:
                                   sample_weight=data.sample_weight)))
         xs, ys, weight = self._time_major(first, False)
         self._ensure_states(xs.shape[1])
+        self._states_at(xs.shape[1])
         if first.sample_weight is None:
             lowered = self._eval_program().lower(*self._on_mesh(xs, ys, weight), False)
         else:  # as _evaluate_from_reset calls it with weights
@@ -165,11 +180,13 @@ class Evaluation:
                                   f"needs targets, got {given}; give {fix}")
             if self.time_major:
                 x, y, mask = batch_major(x, y, mask, name=name)
+            if np.shape(x)[0] == 0:
+                raise ShapeError(f"{name}: no samples (x has shape {tuple(np.shape(x))})")
             return Arrays(x, y, mask)
         if isinstance(data, (tuple, list)) and data and hasattr(data[0], "shape"):
             raise ConfigError(f"{name} must be (x, y), (x, y, mask) or an iterable of batches; got a "
                               f"{type(data).__name__} of {len(data)} arrays")
-        return data
+        return _checked_iterable(data, name)
 
     def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
                   steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
@@ -235,6 +252,7 @@ class Evaluation:
             elif not isinstance(data, Arrays):
                 check_finite(np.asarray(xs), f"x of batch {step}")
                 self._check_targets(ys, f"y of batch {step}")
+            self._states_at(xs.shape[1])
             if batch.sample_weight is None:
                 result = self._eval_program()(*self._on_mesh(xs, ys, weight), False)
             else:
@@ -264,6 +282,8 @@ class Evaluation:
         self._push()
         carry = self.stateful and self._stream is not None and self._continue_stream(xs.shape[1])
         with self._keeping_streams():
+            if not carry:
+                self._states_at(xs.shape[1])
             logs = self._eval_program()(xs, ys, weighted, carry, None if weighted is weight else weight)
         logs = {"loss": float(logs["loss"]), **{k: float(v) for k, v in logs.items() if k != "loss"}}
         return keras_result(logs, return_dict, self.metrics_names)
@@ -437,3 +457,22 @@ def _check_moved(method: str, **arguments: Any) -> None:
                                            and all(isinstance(c, Callback) for c in value)):
             raise ConfigError(f"{method}: {name} got callbacks; the arguments follow Keras' order now "
                               f"({', '.join(arguments)} come before callbacks): pass callbacks=[...] by name")
+
+
+def _checked_iterable(data: Any, name: str) -> Any:
+    """``data`` taken as an iterable of batches, or a ``ConfigError`` naming ``name`` for
+    what cannot be one (checked before training: these failed at the first validation,
+    after an epoch had trained)."""
+    expected = f"{name} must be arrays (x, y) or (x, y, mask), or an iterable of such batches"
+    if isinstance(data, Mapping):
+        raise ConfigError(f"{expected}; got a {type(data).__name__} with keys {sorted(map(str, data))} (named inputs "
+                          f"are not taken: the model's step reads one x array)")
+    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        raise ConfigError(f"{expected}; got {type(data).__name__} {data!r:.60}")
+    if isinstance(data, (tuple, list)) and data and isinstance(data[0], (list, tuple)) and data[0] and \
+            not any(hasattr(item, "shape") for item in data[0]):
+        raise ConfigError(f"{expected}; got a {type(data).__name__} of Python lists: convert them to arrays first "
+                          f"(np.asarray(x), np.asarray(y))")
+    if isinstance(data, Sized) and len(data) == 0:
+        raise ConfigError(f"{expected}; got an empty {type(data).__name__}")
+    return data

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..callbacks.base import checked_learning_rate
 from ..errors import ConfigError
 
 __all__ = ["OPTIMIZERS", "LearningRate", "find_hyperparams", "get_optimizer", "initial_state"]
@@ -182,8 +183,9 @@ class LearningRate:
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
+        value = checked_learning_rate(value, "learning_rate")
         if self.opt_state is None:
-            self._pending_learning_rate = float(value)
+            self._pending_learning_rate = value
             return
         hyperparams = self._hyperparams()
         if hyperparams is None or "learning_rate" not in hyperparams:

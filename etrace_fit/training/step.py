@@ -177,9 +177,10 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         if regularized:
             rates, measured = updated_rates(regularizers, state.rates, collected.outputs[1])
             logs = {**logs, **measured}
-        # An update is applied only when the loss and what it is made from are finite:
-        # an overflowing trace gives a NaN gradient under a finite loss.
-        made_from = jax.tree.leaves(grads if grads is not None else new_values)
+        # An update is applied only when the loss, what it is made from and the new weights are finite:
+        # an overflowing trace gives a NaN gradient under a finite loss, an optimizer's rate of inf NaN weights.
+        made_from = jax.tree.leaves(grads if grads is not None else new_values) + (
+            jax.tree.leaves(new_values) if grads is not None else [])
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)

@@ -510,6 +510,16 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 raise ConfigError(f"metric {name!r} returned {shape} for a batch of {out.shape[1]} samples; a metric "
                                   f"returns one value per sample, shape ({out.shape[1]},), or a scalar for the batch")
 
+    def _check_batch(self, xs, ys, y, weights_by_class) -> None:
+        """:meth:`_check_first` and the targets and class weights of a batch: before
+        ``fit``'s first update, and before every ``train_on_batch`` / ``test_on_batch``
+        (a stream's later chunks were taken unchecked: a label of -1 trained)."""
+        check_batch_targets(self.loss_fn, y)
+        self._check_first(xs, ys)
+        if weights_by_class is not None and self._num_classes and len(weights_by_class) > self._num_classes:
+            raise ConfigError(f"class_weight names class {len(weights_by_class) - 1}, but the model has "
+                              f"{self._num_classes} outputs (classes 0..{self._num_classes - 1})")
+
     def _check_targets(self, y, where: str) -> None:
         """NaN / inf in float targets, and integer labels outside the model's classes."""
         if y is None:
@@ -781,11 +791,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 if not is_array:
                     check_finite(np.asarray(xs).swapaxes(0, 1), "x")
                 if epoch == initial_epoch and step == 0:
-                    check_batch_targets(self.loss_fn, batch.y)
-                    self._check_first(xs, ys)
-                    if weights_by_class is not None and self._num_classes and len(weights_by_class) > self._num_classes:
-                        raise ConfigError(f"class_weight names class {len(weights_by_class) - 1}, but the model has "
-                                          f"{self._num_classes} outputs (classes 0..{self._num_classes - 1})")
+                    self._check_batch(xs, ys, batch.y, weights_by_class)
                     if is_array:  # every label, not only the first batch's, before the first update
                         self._check_targets(y, "y")
                     if isinstance(validation, Arrays):
@@ -898,12 +904,25 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if entry is None or max_chunk is not None:
             if isinstance(xs, jax.Array) and not xs.is_fully_addressable:  # ProcessLocal: traced at its shapes
                 xs, ys, weight = (np.zeros(a.shape, a.dtype) for a in (xs, ys, weight))
+            if self.learner is not None:  # the learner keeps as many programs as the data has shapes
+                self.learner.keep_programs(len(self._batch_programs) + 1)
             compiled = self._compiled(xs, ys, weight, max_chunk)
             step = self._steps.get(id(compiled.program))
             if step is None:
+                self._forget_dropped_programs()
                 step = self._steps[id(compiled.program)] = (compiled.program, self._build_step(compiled))
             entry = self._batch_programs[key] = (compiled, step[1], self._reset_of(compiled))
         return entry
+
+    def _forget_dropped_programs(self) -> None:
+        """Drop the steps, resets and batch axes of programs neither the learner nor this
+        fit holds any more: kept by ``id(program)``, they grew by one compiled step per
+        new program (17 batch shapes compiled every shape again at every ``fit``)."""
+        held = {id(p) for p in self.learner.programs()} if self.learner is not None else set()
+        held |= {id(entry[0].program) for entry in self._batch_programs.values()}
+        for cache in (self._steps, self._resets, self._axes):
+            for key in [key for key in cache if key not in held]:
+                del cache[key]
 
     def _chunk_of(self, compiled, length: int) -> int | None:
         """Steps per chunk of the online program of ``compiled`` on sequences of
@@ -1084,6 +1103,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))
         xs, ys, weight = self._time_major(batch, False)
         table = None if class_weight is None else class_table(class_weight, data.y)
+        self._check_batch(xs, ys, data.y, table)
         return xs, ys, loss_weight(batch, ys, weight, table, False), weight
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None,
@@ -1094,8 +1114,6 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         and eligibility traces carry — so a stream fed in chunks learns online; call
         :meth:`reset_states` between streams."""
         xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch")
-        if self.learner is None:
-            self._check_first(xs, ys)
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read first
         try:

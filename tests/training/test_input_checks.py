@@ -183,6 +183,24 @@ def test_sequences_without_time_steps_are_a_shape_error():
     assert _fit_counting.began == 0
 
 
+@pytest.mark.parametrize("make, error, match", [
+    (lambda x, y: (x[:0], y[:0]), ShapeError, r"validation_data: no samples \(x has shape \(0, "),
+    (lambda x, y: {"x": x, "y": y}, ConfigError,
+     r"validation_data must be arrays .*; got a dict with keys \['x', 'y'\]"),
+    (lambda x, y: (x.tolist(), y.tolist()), ConfigError, r"got a tuple of Python lists: convert them to arrays"),
+    (lambda x, y: "val.npz", ConfigError, r"; got str 'val.npz'"),
+    (lambda x, y: 5, ConfigError, r"; got int 5"),
+    (lambda x, y: [], ConfigError, r"; got an empty list"),
+], ids=["empty", "dict", "lists", "str", "int", "empty-list"])
+def test_validation_data_that_cannot_be_batches_fails_before_training(make, error, match):
+    """Each was taken as an iterable of batches and failed at the first validation, after
+    the first epoch had trained (and before any backup of it)."""
+    x, y = _data()
+    with pytest.raises(error, match=match):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, validation_data=make(x, y))
+    assert _fit_counting.began == 0
+
+
 def test_validation_data_as_a_list_works_like_a_tuple():
     x, y = _data()
     history = ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=[x, y])

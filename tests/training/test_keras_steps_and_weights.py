@@ -284,3 +284,49 @@ def test_class_weight_with_one_hot_targets_and_a_class_the_model_does_not_have()
     with pytest.raises(ConfigError, match=r"class_weight names class 5, but the model has 2 outputs \(classes 0\.\.1\)"):
         _trainer().fit(x, y, batch_size=8, verbose=0, class_weight={0: 1.0, 5: 2.0}, callbacks=[seen])
     assert seen.train == 0
+
+
+def test_every_train_and_test_on_batch_checks_its_labels():
+    """Only a trainer's first ``train_on_batch`` checked them, and ``test_on_batch`` never
+    did: after one good chunk of a stream a label of -1 trained with a finite loss, and
+    a label past the classes gave a NaN loss blamed on the gradient."""
+    x, y = _data(8)
+    trainer = _trainer(optimizer="adam")
+    trainer.train_on_batch(x[:4], y[:4])
+    before = trainer.get_weights()
+    for bad in (-1, 2):
+        labels = np.asarray(y[:4]).copy()
+        labels[-1] = bad
+        for call in (trainer.train_on_batch, trainer.test_on_batch):
+            with pytest.raises(ShapeError, match=rf"y: labels must lie in \[0, 2\) for a model with 2 outputs, got "
+                                                 rf"values from {labels.min()} to {labels.max()}"):
+                call(x[:4], labels)
+    with pytest.raises(ConfigError, match=r"class_weight names class 7, but the model has 2 outputs"):
+        trainer.train_on_batch(x[:4], y[:4], class_weight={0: 1.0, 7: 2.0})
+    jax.tree.map(np.testing.assert_array_equal, trainer.get_weights(), before)  # nothing trained on them
+
+
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), -0.1, "fast", True])
+def test_a_learning_rate_that_is_not_a_finite_number_at_least_zero_is_refused(rate):
+    """An infinite or NaN rate was taken: the next update made every weight NaN (its
+    gradient was finite, so it was applied) and ModelCheckpoint saved them."""
+    trainer = _trainer(optimizer="adam")
+    with pytest.raises(ConfigError, match=r"learning_rate must be a (finite number >= 0|number), got"):
+        trainer.learning_rate = rate
+    x, y = _data(8)
+    schedule = ef.callbacks.LearningRateScheduler(lambda epoch: rate if epoch == 1 else 0.01)
+    with pytest.raises(ConfigError, match=r"LearningRateScheduler: the schedule's rate for epoch 2 must be a"):
+        trainer.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[schedule])
+    assert trainer.epoch == 0 and all(np.isfinite(v).all() for v in jax.tree.leaves(trainer.get_weights()))
+
+
+def test_an_update_that_makes_a_weight_non_finite_is_not_applied():
+    """A finite loss and gradient with a rate of inf in an optax optimizer (which no
+    setter sees): the update was applied and every weight became NaN."""
+    x, y = _data(8)
+    trainer = _trainer(optimizer=optax.sgd(float("inf")))
+    before = trainer.get_weights()
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        trainer.train_on_batch(x[:4], y[:4])
+    assert trainer.skipped_batches == 1
+    jax.tree.map(np.testing.assert_array_equal, trainer.get_weights(), before)

@@ -122,6 +122,38 @@ def test_each_batch_is_one_call_and_each_shape_compiles_once():
     assert compiles[2:] == [compiles[1]] * 4, compiles  # ... and later epochs reuse it all
 
 
+def test_predict_and_evaluate_compile_once_per_shape_whatever_batch_ran_before():
+    """``predict`` of one shape compiled the same program twice after a fit whose last
+    batch was smaller: the states that batch left were part of the cache key."""
+    x, y = _data(20)
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    for call in (lambda: trainer.predict(x[:8], batch_size=4, verbose=0),
+                 lambda: trainer.evaluate(x[:8], y[:8], batch_size=4, verbose=0)):
+        trainer.fit(x[:10], y[:10], batch_size=4, epochs=1, verbose=0)  # batches of 4, 4 and 2
+        with counting_compiles() as count:
+            call()
+        assert count[0] == 1  # two batches of 4: one program
+        trainer.fit(x[:10], y[:10], batch_size=4, epochs=1, verbose=0)  # a smaller last batch again
+        with counting_compiles() as count:
+            call()
+        assert count[0] == 0
+
+
+@pytest.mark.slow
+def test_data_of_more_batch_shapes_than_the_learner_keeps_compiles_them_once():
+    """17 sequence lengths (one more than ``learner.MAX_PROGRAMS``): the learner dropped its
+    oldest program as each new one came, so every later ``fit`` compiled all 17 again,
+    and the trainer kept every old compiled step (RSS +110-150 MB a fit)."""
+    rng = np.random.default_rng(0)
+    batches = [(rng.random((2, steps, C)).astype(np.float32), rng.integers(0, 2, 2)) for steps in range(4, 21)]
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    trainer.fit(batches, epochs=1, verbose=0, shuffle=False)
+    assert len(trainer._steps) == 17
+    with counting_compiles() as count:
+        trainer.fit(batches, epochs=1, verbose=0, shuffle=False)
+    assert count[0] == 0 and len(trainer._steps) == 17 and trainer.learner.max_programs >= 17
+
+
 def test_a_later_fit_compiles_nothing_after_a_smaller_batch_or_an_evaluation():
     """Within a fit the steps are compiled once per batch shape; across fits they were
     compiled again whenever the last batch (data ending in a smaller batch) or an

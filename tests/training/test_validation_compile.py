@@ -37,8 +37,8 @@ class CompileLog(ef.callbacks.Callback):
         self.testing = False
 
 
-def _fit(validation, validation_freq=1, epochs=1, algo="d_rtrl"):
-    x, y = rate_data(24)
+def _fit(validation, validation_freq=1, epochs=1, algo="d_rtrl", samples=24):
+    x, y = rate_data(samples)
     trainer = ef.Trainer(lif_model(), algo=algo, optimizer=optax.adam(1e-2), loss_on="last")
     log = CompileLog()
     jax.monitoring.register_event_duration_secs_listener(log)
@@ -50,10 +50,14 @@ def _fit(validation, validation_freq=1, epochs=1, algo="d_rtrl"):
     return trainer, log
 
 
-@pytest.mark.parametrize("algo", ["d_rtrl", "bptt"])
-def test_the_first_validation_runs_a_program_compiled_beside_the_training_step(algo):
+@pytest.mark.parametrize("algo, samples", [("d_rtrl", 24), ("bptt", 24), ("d_rtrl", 20)],
+                         ids=["d_rtrl", "bptt", "a-smaller-last-batch"])
+def test_the_first_validation_runs_a_program_compiled_beside_the_training_step(algo, samples):
+    """With training data ending in a smaller batch (20 = 8 + 8 + 4) the program was
+    compiled ahead and again at the first validation: the hidden states the last batch
+    left were part of the program's cache key."""
     x_val, y_val = rate_data(16, seed=1)
-    trainer, log = _fit((x_val, y_val), algo=algo)
+    trainer, log = _fit((x_val, y_val), algo=algo, samples=samples)
     assert [testing for thread, testing in log.compiles if thread == THREAD] == [False]
     assert not [thread for thread, testing in log.compiles if testing]  # nothing compiled while validating
     assert trainer._eval_compiling is None
