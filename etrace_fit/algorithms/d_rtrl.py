@@ -396,8 +396,9 @@ class DRTRL:
         if self.sharded:  # a sum over the (split) samples: partial sums per device, then one all-reduce
             history = sum(jnp.einsum("no,nko->ko", mu[s], E[s]) for s in S).astype(dtype)
         else:
-            history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S),
-                                    jnp.zeros((K, O), dtype))
+            total = jnp.promote_types(dtype, mu[0].dtype)  # bfloat16 traces: summed at the signals' float32
+            history = lax.fori_loop(0, rows, lambda n, acc: acc + sum(mu[s][n][None, :] * E[s][n] for s in S
+                                                                      ).astype(total), jnp.zeros((K, O), total))
         return grad + history.astype(grad.dtype), new
 
     def advance(self, traces: jax.Array, signals: PairSignals, t0: jax.Array) -> jax.Array:

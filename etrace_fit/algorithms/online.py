@@ -178,6 +178,10 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     ``readout`` (``readout.ReadoutMemory``) the pairs marked ``readout_memory`` get one
     more state per unit, the readout memory ``ē`` (docs/theory.md §5.10)."""
     module = graph.module
+    # The signals (a decay D = exp(-dt/τ) among them) stay at float32 or more: in bfloat16 every
+    # τ above ~512 steps became no decay at all and τ = 500 one of 256. Only the traces are stored
+    # in trace_dtype.
+    signal_dtype = jnp.promote_types(trace_dtype, jnp.float32)
     jaxpr, consts = module.closed_jaxpr.jaxpr, list(module.closed_jaxpr.consts)
     num_outputs = len(module.output_vars)
     weight_positions = tuple(module.weight_leaf_positions)
@@ -549,13 +553,13 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                                               kappa=jnp.full((batch,), feedback.kappa, Df[0].dtype),
                                               u_prev=u_prev, u_y=u_y, u_signal=L)
                 pair_signals.append(PairSignals(
-                    X=canonical_x(pair, x, eqn.params, batch), D=_cast(D, trace_dtype),
-                    Df=_cast(Df, trace_dtype), G=_cast(G, trace_dtype),
-                    dY=None if L is None else (L * u_y).astype(trace_dtype)))
+                    X=canonical_x(pair, x, eqn.params, batch), D=_cast(D, signal_dtype),
+                    Df=_cast(Df, signal_dtype), G=_cast(G, signal_dtype),
+                    dY=None if L is None else (L * u_y).astype(signal_dtype)))
                 continue
             if index in output_grad_of and index not in one_step_taken and active is not False:  # once per relation
                 one_step_taken.add(index)
-                dY = units(output_grad_of[index], 0).astype(trace_dtype)
+                dY = units(output_grad_of[index], 0).astype(signal_dtype)
             if active is not False:  # statically without signal: G and dY are None
                 G = tuple(units(signal_of[path], 0) for path in pair.group.paths)
             if pair.index in memory_pairs:
@@ -568,7 +572,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             # gets it joined where the engine hands the signals over.
             pair_signals.append(PairSignals(
                 X=canonical_x(pair, x, eqn.params, batch),
-                D=_cast(D, trace_dtype), Df=_cast(Df, trace_dtype), G=_cast(G, trace_dtype), dY=dY))
+                D=_cast(D, signal_dtype), Df=_cast(Df, signal_dtype), G=_cast(G, signal_dtype), dY=dY))
         one_step = None
         if active is not False:
             one_step = [(captured[eqns[i].invars[etp_op_info(eqns[i].primitive).x_index]], output_grad_of[i])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import etrace_fit as ef
+from etrace_fit import layers as L
 from etrace_fit.algorithms.d_rtrl import DRTRL
 from etrace_fit.algorithms.eprop import EPropRule
 from etrace_fit.algorithms.esd_rtrl import ESDRTRL
@@ -176,3 +177,20 @@ def test_a_trace_dtype_under_bptt_is_refused_not_ignored():
                                           r"algo='bptt' keeps no traces"):
         ef.Trainer(_model(), algo="bptt", trace_dtype="bfloat16")
     assert ef.Trainer(_model(), algo="d_rtrl", trace_dtype="bfloat16").trace_dtype == jnp.bfloat16
+
+
+def test_bfloat16_traces_keep_a_slow_units_decay():
+    """The signals were cast to bfloat16 with the traces: exp(-1/500) became the decay of
+    τ = 256 and every τ above ~512 no decay at all, so D-RTRL's gradient of a τ = 500
+    synapse's bias was 0.56x float32 BPTT's (1.17x at τ = 2000)."""
+    for tau, within in ((500.0, 0.005), (2000.0, 0.01)):
+        model = ef.Sequential(L.Linear(1, 1, w_init=np.ones((1, 1), np.float32)), L.ExpSynapse(1, tau=tau),
+                              L.Linear(1, 1, w_init=np.ones((1, 1), np.float32)))
+        brainstate.nn.init_all_states(model, batch_size=1)
+        xs, ys = jnp.ones((1000, 1, 1), jnp.float32), jnp.zeros((1000, 1, 1), jnp.float32)
+        grads = {}
+        for algo, dtype in (("bptt", None), ("d_rtrl", "bfloat16")):
+            brainstate.nn.reset_all_states(model, batch_size=1)
+            g, _ = ef.sequence_grad(model, xs, ys, lambda out, y: jnp.sum(out), algo=algo, trace_dtype=dtype)
+            grads[algo] = float(np.ravel(g[("layers", 0, "weight")]["bias"])[0])
+        assert grads["d_rtrl"] == pytest.approx(grads["bptt"], rel=within), (tau, grads)
