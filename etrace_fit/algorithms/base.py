@@ -290,9 +290,29 @@ def sample_norm(values: jax.Array) -> jax.Array:
     scaled by the sample's largest magnitude so that no square overflows: a float32
     trace whose norm is 1e20 reads 1e20, where summing its squares reads inf."""
     values = values.astype(jnp.promote_types(values.dtype, jnp.float32)).reshape(values.shape[0], -1)
-    scale = jnp.max(jnp.abs(values), axis=1)
-    safe = jnp.where((scale > 0) & jnp.isfinite(scale), scale, 1.0)
-    return jnp.sqrt(jnp.square(values / safe[:, None]).sum(axis=1)) * jnp.where(jnp.isfinite(scale), safe, scale)
+    return _scaled_norm(jnp.square, values, axis=1)
+
+
+def global_norm(tree: Any) -> jax.Array:
+    """The 2-norm of every entry of ``tree`` together (a gradient's global norm), in at
+    least float32 and scaled as :func:`sample_norm` is: ``optax.global_norm`` sums the
+    squares, so a float32 gradient of norm 1e20 read inf (and a clip made it zero)."""
+    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)).ravel() for leaf in jax.tree.leaves(tree)]
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    return _scaled_norm(jnp.square, jnp.concatenate(leaves)[None], axis=1)[0]
+
+
+def _scaled_norm(square: Any, values: jax.Array, axis: int) -> jax.Array:
+    """``sqrt(Σ values²)`` along ``axis`` with the values scaled by the power of two of
+    their largest magnitude first (``ldexp``, exact): dividing by the magnitude itself
+    became a product with its reciprocal, which is subnormal above 2^126 and flushed
+    to zero on CPU (a trace entry of 5e36 read a norm of 0). Inf and NaN pass through."""
+    scale = jnp.max(jnp.abs(values), axis=axis, keepdims=True)
+    finite = jnp.isfinite(scale)
+    _, exponent = jnp.frexp(jnp.where(finite, scale, 1.0))
+    norm = jnp.ldexp(jnp.sqrt(jnp.sum(square(jnp.ldexp(values, -exponent)), axis=axis, keepdims=True)), exponent)
+    return jnp.squeeze(jnp.where(finite, norm, scale), axis)
 
 
 def gram(a: jax.Array, b: jax.Array, merge: bool = True) -> jax.Array:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..algorithms import gradient_fidelity
+from ..algorithms.base import global_norm
 from ..algorithms.hybrid import format_bytes
 from ..algorithms.learner import compile as compile_learner
 from ..compiler import format_path
@@ -43,15 +44,8 @@ def _norms(gradients: Any, trace_norms: Any) -> tuple[float, float]:
 @jax.jit
 def _global_norms(gradients: Any, trace_norms: Any) -> tuple[jax.Array, jax.Array]:
     """:func:`_norms` as one program (every process gets the same two numbers), the
-    gradient's squares scaled by its largest entry so that they do not overflow."""
-    leaves = jax.tree.leaves(gradients)
-    if leaves:
-        scale = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)).astype(jnp.float32) for leaf in leaves]))
-        safe = jnp.where(scale > 0, scale, 1.0)
-        squares = sum(jnp.sum(jnp.square(leaf.astype(jnp.float32) / safe)) for leaf in leaves)
-        gradient = safe * jnp.sqrt(squares)
-    else:
-        gradient = jnp.zeros(())
+    gradient's squares scaled so that they do not overflow (:func:`global_norm`)."""
+    gradient = global_norm(gradients)
     traces = [jnp.max(n) for n in jax.tree.leaves(trace_norms)]
     return gradient, jnp.max(jnp.stack(traces)) if traces else jnp.zeros(())
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..algorithms.base import global_norm
 from ..callbacks.base import checked_learning_rate
 from ..errors import ConfigError
 
@@ -192,3 +193,18 @@ class LearningRate:
             raise ConfigError("the learning rate can only be changed for an optimizer built with "
                               "optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)")
         hyperparams["learning_rate"] = jnp.asarray(value, jnp.asarray(hyperparams["learning_rate"]).dtype)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` with the norm of :func:`~etrace_fit.algorithms.base.global_norm`:
+    optax sums float32 squares, so a gradient of norm ≳ 1.8e19 read inf and was scaled
+    to a zero update, reported as clipped. The state is optax's (empty), so
+    checkpoints of either read alike."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates)
+        factor = jnp.where(norm > max_norm, max_norm / norm, 1.0)
+        return jax.tree.map(lambda u: (u * factor).astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

@@ -177,10 +177,12 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         if regularized:
             rates, measured = updated_rates(regularizers, state.rates, collected.outputs[1])
             logs = {**logs, **measured}
-        # An update is applied only when the loss, what it is made from and the new weights are finite:
-        # an overflowing trace gives a NaN gradient under a finite loss, an optimizer's rate of inf NaN weights.
+        # An update is applied only when the loss, what it is made from, the new weights and the new optimizer
+        # state are finite: an overflowing trace gives a NaN gradient under a finite loss, an optimizer's rate of
+        # inf NaN weights, a gradient of 1e20 an Adam second moment of inf (every later update zero, silently).
         made_from = jax.tree.leaves(grads if grads is not None else new_values) + (
-            jax.tree.leaves(new_values) if grads is not None else [])
+            jax.tree.leaves(new_values) if grads is not None else []) + [
+            leaf for leaf in jax.tree.leaves(new_opt_state) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)

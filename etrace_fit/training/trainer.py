@@ -52,7 +52,7 @@ from .losses import check_batch_targets, check_labels, check_target_shape, get_l
 from .metrics import DEFAULT_METRICS, default_metrics, get_metrics
 from .dashboards import Dashboards
 from .evaluation import Evaluation
-from .optimizers import LearningRate, check_optimizer, get_optimizer
+from .optimizers import LearningRate, check_optimizer, clip_by_global_norm, get_optimizer
 from .persistence import Persistence
 
 __all__ = ["History", "Trainer", "check_trace_memory", "device_memory"]
@@ -249,7 +249,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
         given, optimizer = optimizer, get_optimizer(optimizer)
-        self.optimizer = optimizer if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), optimizer)
+        self.optimizer = optimizer if grad_clip is None else optax.chain(clip_by_global_norm(grad_clip), optimizer)
         if not isinstance(given, str) and given is not None:
             values = {format_path(p): s.value for p, s in model.states(brainstate.ParamState).items()}
             check_optimizer(self.optimizer, values if update_every is None else jax.tree.leaves(values), given)
@@ -968,13 +968,15 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if skipped and skipped == len(records) and self.stop_on_nonfinite:
             self.skipped_batches += skipped
             self.stop_training = True
-            warnings.warn(f"epoch {epoch + 1}: every batch ({skipped}) had a non-finite loss or gradient, so "
+            warnings.warn(f"epoch {epoch + 1}: every batch ({skipped}) had a non-finite loss or gradient (or made a "
+                          f"weight or the optimizer state non-finite), so "
                           f"nothing was learned; training stops ({fix}; Trainer(stop_on_nonfinite=False) "
                           "goes on)", RuntimeWarning, stacklevel=4)
         elif skipped:
             self.skipped_batches += skipped
             warnings.warn(f"epoch {epoch + 1}: {skipped} of {len(records)} batches had a non-finite loss or "
-                          f"gradient; their updates were not applied ({fix}, or add TerminateOnNaN to stop)",
+                          f"gradient (or made a weight or the optimizer state non-finite); their updates were not "
+                          f"applied ({fix}, or add TerminateOnNaN to stop)",
                           RuntimeWarning, stacklevel=4)
         return logs
 
@@ -1122,7 +1124,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._push()
         if not bool(finite):
             self.skipped_batches += 1
-            warnings.warn("train_on_batch: the loss or gradient is not finite; the update was not applied",
+            warnings.warn("train_on_batch: the loss or gradient is not finite, or the update would make a weight or "
+                          "the optimizer state so; the update was not applied",
                           RuntimeWarning, stacklevel=2)
         return keras_result({"loss": float(loss), **{k: float(v) for k, v in logs.items()}}, return_dict,
                             self.metrics_names)

@@ -194,3 +194,49 @@ def test_bfloat16_traces_keep_a_slow_units_decay():
             g, _ = ef.sequence_grad(model, xs, ys, lambda out, y: jnp.sum(out), algo=algo, trace_dtype=dtype)
             grads[algo] = float(np.ravel(g[("layers", 0, "weight")]["bias"])[0])
         assert grads["d_rtrl"] == pytest.approx(grads["bptt"], rel=within), (tau, grads)
+
+
+def test_norms_of_huge_float32_values_are_right_and_a_clip_keeps_their_direction():
+    """A norm was scaled by dividing by the largest entry, which XLA turns into a product
+    with its reciprocal: above 2^126 that is subnormal, flushed to zero on CPU, and a
+    trace of 5e36 read a norm of 0 (no overflow warning). optax's clip summed float32
+    squares: a gradient of norm 1.5e20 read inf and became a zero update."""
+    import jax
+    import optax
+
+    from etrace_fit.algorithms.base import global_norm, sample_norm
+    from etrace_fit.training.optimizers import clip_by_global_norm
+
+    huge = jnp.asarray([[5e36, 1e36, 1.0], [3.0, 4.0, 0.0]], jnp.float32)
+    np.testing.assert_allclose(np.asarray(jax.jit(sample_norm)(huge)), [np.hypot(5e36, 1e36), 5.0], rtol=1e-6)
+    gradient = {"a": jnp.full((4,), 8e19, jnp.float32), "b": jnp.full((2,), -6e19, jnp.float32)}
+    expected = np.sqrt(4 * 8e19 ** 2 + 2 * 6e19 ** 2)
+    assert float(jax.jit(global_norm)(gradient)) == pytest.approx(expected, rel=1e-6)
+    assert not np.isfinite(float(optax.global_norm(gradient)))  # what optax reads
+    clipped, _ = jax.jit(clip_by_global_norm(1.0).update)(gradient, optax.EmptyState())
+    assert float(global_norm(clipped)) == pytest.approx(1.0, rel=1e-5)
+    np.testing.assert_allclose(np.asarray(clipped["a"]), 8e19 / expected, rtol=1e-5)
+    small = {"a": jnp.asarray([0.3, 0.4])}  # under the limit: untouched
+    np.testing.assert_array_equal(np.asarray(clip_by_global_norm(1.0).update(small, optax.EmptyState())[0]["a"]),
+                                  np.asarray(small["a"]))
+
+
+def test_a_gradient_that_overflows_adams_second_moment_is_not_applied():
+    """A finite gradient of ~1e20 squared to inf in Adam's second moment: that update was
+    zero and finite, so it counted as applied, and every later update was zero (the
+    moment stayed inf), without a warning."""
+    import jax
+
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), optimizer="adam", loss_on="last")
+    trainer.train_on_batch(x[:4], y[:4])
+    before, state = trainer.get_weights(), trainer.opt_state
+    with pytest.warns(RuntimeWarning, match="optimizer state"):
+        trainer.train_on_batch(x[:4], y[:4], sample_weight=np.full(4, 1e22, np.float32))
+    assert trainer.skipped_batches == 1
+    jax.tree.map(np.testing.assert_array_equal, trainer.get_weights(), before)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(trainer.opt_state))
+    jax.tree.map(np.testing.assert_array_equal, trainer.opt_state, state)
+    trainer.train_on_batch(x[:4], y[:4])  # and it goes on learning
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trainer.get_weights()),
+                                                         jax.tree.leaves(before)))

@@ -325,7 +325,8 @@ def test_a_batch_with_a_non_finite_loss_is_not_applied_and_is_reported(update_ev
                          update_every=update_every)
     before = {p: np.asarray(s.value["weight"]) for p, s in trainer.model.states(brainstate.ParamState).items()
               if isinstance(s.value, dict)}
-    with pytest.warns(RuntimeWarning, match=r"epoch 1: 1 of 3 batches had a non-finite loss or gradient; their upd"):
+    with pytest.warns(RuntimeWarning, match=r"epoch 1: 1 of 3 batches had a non-finite loss or gradient \(or made a "
+                                            r"weight or the optimizer state non-finite\); their upd"):
         history = trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert trainer.skipped_batches == 1
     assert np.isnan(history.history["loss"][0])  # the epoch's mean says so too
