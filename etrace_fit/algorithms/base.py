@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from ..compiler import ETraceGraph, HiddenGroup, Relation
+from ..errors import ShapeError
 
 __all__ = ["Fixed", "PairSignals", "Rule", "TracedPair", "joined_states", "split_states", "traced_pairs"]
 
@@ -389,6 +390,12 @@ def traced_pairs(graph: ETraceGraph) -> tuple[TracedPair, ...]:
         for group_index, transition in zip(relation.hidden_groups, relation.transitions):
             group = graph.hidden_groups[group_index]
             units = tuple(group.shape[1:])
+            if not units:  # an unbatched model whose units were read as its batch (xs (T, I) with I = N)
+                raise ShapeError(
+                    f"hidden group {group.name} has shape {tuple(group.shape)}: the online rules need hidden states "
+                    f"of shape (batch, units...) and inputs xs (T, B, ...). Initialise the states with "
+                    f"brainstate.nn.init_all_states(model, batch_size=B) (B = 1 for one sequence) and give xs a "
+                    f"batch axis; algo='bptt' takes an unbatched model")
             if relation.op_kind == "dense":
                 positions, outputs = 1, units[-1]
                 patch = relation.x_shape[-1]

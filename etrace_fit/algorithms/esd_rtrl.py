@@ -40,9 +40,13 @@ def resolve_decay(decay: float | None, rank: int | None, default: float = 0.9) -
         return (rank - 1) / (rank + 1)
     if decay is None:
         return default
-    if not 0.0 <= float(decay) < 1.0:
-        raise ConfigError(f"decay must be in [0, 1), got {decay!r}")
-    return float(decay)
+    try:
+        value = float(decay)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or isinstance(decay, bool) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"decay must be a number in [0, 1), got {decay!r}")
+    return value
 
 
 class ESDRTRL:

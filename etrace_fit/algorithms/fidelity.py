@@ -75,8 +75,10 @@ def gradient_fidelity(
     network = model.model if isinstance(model, Learner) else model
     if step_loss is None and isinstance(model, Learner):
         step_loss = model.step_loss
-    hidden = network.states(brainstate.HiddenState)
-    start = {path: state.value for path, state in hidden.items()}
+    # Every state a sequence moves (hidden states, and a dropout key or running statistics: the online run
+    # drew other dropout masks than the reference's, so an exact rule read cosine 0.86), put back after each.
+    held = {path: state for path, state in network.states().items() if not isinstance(state, brainstate.ParamState)}
+    start = {path: state.value for path, state in held.items()}
 
     def run(model_or_learner, rule, **kwargs):
         try:
@@ -84,7 +86,7 @@ def gradient_fidelity(
                 warnings.simplefilter("ignore", ApproximationWarning)  # measured here instead
                 return sequence_grad(model_or_learner, xs, targets, step_loss, algo=rule, **kwargs)[0]
         finally:
-            for path, state in hidden.items():
+            for path, state in held.items():
                 state.value = start[path]
 
     bptt = network

@@ -35,7 +35,9 @@ def _algo_key(algo: Any) -> Any:
     """A hashable key: rule values by identity."""
     def key(value):
         return value if isinstance(value, str) else ("rule", id(value))
-    return tuple(sorted((p, key(r)) for p, r in algo.items())) if isinstance(algo, Mapping) else key(algo)
+    # In the dict's order: the first pattern that matches a weight decides its rule (hybrid.make_plan), so
+    # {"layers.*": "esd_rtrl", "layers.0.*": "d_rtrl"} and its reverse are other plans.
+    return tuple((p, key(r)) for p, r in algo.items()) if isinstance(algo, Mapping) else key(algo)
 
 
 def _compiled(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memory_budget=None,
@@ -209,6 +211,9 @@ def online_fit(
     if compiled.plan is None:
         raise ConfigError("update_every needs an online rule; this learner was compiled with algo='bptt'")
     weights = compiled.weight_leaves()
+    if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        raise ConfigError(f"online_fit takes an optax optimizer (optax.adam(1e-3)), got {optimizer!r:.60} (the "
+                          f"Trainer takes names)")
     if opt_state is None:
         opt_state = optimizer.init(weights)
     key = ("online_fit", optimizer, update_every)

@@ -83,6 +83,9 @@ def check_mask(mask: Any, x: Any, name: str = "mask") -> None:
     if values.dtype != bool and not np.isin(values, (0, 1)).all():
         raise ShapeError(f"{name} marks the steps each sequence has with True / False (or 1 / 0), got values from "
                          f"{values.min():g} to {values.max():g}; weight steps with sample_weight (N, T) instead")
+    if values.size and not values.any():  # a loss of 0 and nothing learned, silently
+        raise ShapeError(f"{name} marks no step of any sequence as real (all False): there is nothing to train on "
+                         f"or measure")
 
 
 def check_count(value: Any, name: str) -> int:

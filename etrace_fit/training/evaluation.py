@@ -322,8 +322,8 @@ class Evaluation:
         else:
             data = self._as_data(x, "x", y)
         shown = _steps_bar("evaluate", verbose, data, batch_size, steps)
-        result = self._evaluate(data, batch_size, CallbackList([*(callbacks or ()), *shown], model=self), steps=steps,
-                                sample_weight=sample_weight)
+        hooks = CallbackList([*callback_list(callbacks, "evaluate"), *shown], model=self)
+        result = self._evaluate(data, batch_size, hooks, steps=steps, sample_weight=sample_weight)
         names = [name for name in self.metrics_names if name in result]  # the loss, then the metrics in order
         return keras_result({**{name: result[name] for name in names}, **result}, return_dict, names)
 
@@ -351,6 +351,8 @@ class Evaluation:
         its streams' current states and moves them on (step-by-step prediction: call it
         with one step at a time); the eligibility traces follow training only, so call
         :meth:`reset_states` before training on a stream you predicted on."""
+        if not isinstance(last_only, bool):  # "no" read as True
+            raise ConfigError(f"predict: last_only must be True or False, got {last_only!r}")
         check_verbose(verbose)
         _check_moved("predict", steps=steps)
         batch_size = 32 if batch_size is None else batch_size
@@ -371,7 +373,7 @@ class Evaluation:
         else:
             source, time_major = (_predict_batch(item, step) for step, item in enumerate(x)), self.time_major
         shown = _steps_bar("predict", verbose, x if hasattr(x, "shape") else None, batch_size, steps)
-        hooks = CallbackList([*(callbacks or ()), *shown], model=self)
+        hooks = CallbackList([*callback_list(callbacks, "predict"), *shown], model=self)
         hooks.on_predict_begin({})
         outputs, ran, length = [], 0, None
         if steps is not None:  # no batch more is read
@@ -476,3 +478,18 @@ def _checked_iterable(data: Any, name: str) -> Any:
     if isinstance(data, Sized) and len(data) == 0:
         raise ConfigError(f"{expected}; got an empty {type(data).__name__}")
     return data
+
+
+def callback_list(callbacks: Any, where: str) -> list:
+    """``callbacks`` as a list, or a ``ConfigError`` naming ``where``: a single callback
+    (Keras takes a list) raised "object is not iterable"."""
+    from ..callbacks import Callback
+
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        raise ConfigError(f"{where}: callbacks must be a list, got one {type(callbacks).__name__}; pass "
+                          f"callbacks=[{type(callbacks).__name__}(...)]")
+    if isinstance(callbacks, (str, bytes, Mapping)) or not isinstance(callbacks, Iterable):
+        raise ConfigError(f"{where}: callbacks must be a list of callbacks, got {callbacks!r:.60}")
+    return list(callbacks)

@@ -62,10 +62,16 @@ def validation_schedule(validation_freq: Any):
         if validation_freq < 1:
             raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
         return lambda epoch: (epoch + 1) % validation_freq == 0
+    expected = f"validation_freq must be an int >= 1 or a list of 1-based epochs (ints >= 1), got {validation_freq!r}"
+    if isinstance(validation_freq, (str, bytes)):  # "10" read as the epochs {1, 0}
+        raise ConfigError(expected)
     try:
-        listed = {int(e) for e in validation_freq}
-    except (TypeError, ValueError):
-        raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}") from None
+        entries = list(validation_freq)
+    except TypeError:
+        raise ConfigError(expected) from None
+    if not all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e >= 1 for e in entries):
+        raise ConfigError(expected)
+    listed = {int(e) for e in entries}
     return lambda epoch: epoch + 1 in listed
 
 
@@ -73,6 +79,8 @@ def keras_result(logs: dict[str, float], return_dict: bool, names: Sequence[str]
     """Keras' ``*_on_batch`` / ``evaluate`` result: the dict (every log, a regulariser's
     ``rate_<path>`` too), or the values of ``names`` (``metrics_names``: the loss, then
     the metrics) in that order, the loss alone when there is no metric."""
+    if not isinstance(return_dict, bool):  # "yes" and "no" read as True
+        raise ConfigError(f"return_dict must be True or False, got {return_dict!r}")
     if return_dict:
         return logs
     values = [logs[name] for name in names if name in logs]

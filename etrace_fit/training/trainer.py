@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..algorithms.esd_rtrl import resolve_decay
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting,
                                   warn_readout_memory_under_updates,
@@ -48,10 +49,11 @@ from .memory import check_trace_memory, device_memory
 from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden_states_reset, eager_reset,
                     traced_reset)
 from .step import build_train_step, placed_metrics, sequence_targets
-from .losses import check_batch_targets, check_labels, check_target_shape, get_loss, loss_name, needs_targets
+from .losses import (LOSSES, check_batch_targets, check_labels, check_target_shape, get_loss, loss_name,
+                     needs_targets)
 from .metrics import DEFAULT_METRICS, default_metrics, get_metrics
 from .dashboards import Dashboards
-from .evaluation import Evaluation
+from .evaluation import Evaluation, callback_list
 from .optimizers import LearningRate, check_optimizer, clip_by_global_norm, get_optimizer
 from .persistence import Persistence
 
@@ -194,8 +196,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                               f"write metrics=[{metrics!r}]")
         if loss_on not in LOSS_PLACEMENTS:
             raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
-        if update_every is not None and (not isinstance(update_every, int) or update_every < 1):
+        if update_every is not None and (isinstance(update_every, bool) or not isinstance(update_every, (int, np.integer))
+                                         or update_every < 1):
             raise ConfigError(f"update_every must be a positive int or None, got {update_every!r}")
+        update_every = None if update_every is None else int(update_every)  # a numpy int too, as epochs take
+        if not isinstance(time_major, bool):  # "yes" and "no" read as True
+            raise ConfigError(f"time_major must be True or False, got {time_major!r}")
         if update_every is not None and sequence_algo(algo) is not None:
             raise ConfigError("update_every needs an online rule; BPTT sees the whole sequence first")
         if grad_clip is not None and (isinstance(grad_clip, bool) or not isinstance(grad_clip, (int, float, np.number))
@@ -227,6 +233,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.stateful = stateful
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream: int | None = None  # stateful: the running streams' batch size; None: start afresh
+        if decay is not None:
+            resolve_decay(decay, None)  # a ConfigError now, not at the first fit
+        if metrics is not None and not isinstance(metrics, (str, list, tuple)):  # (a string: refused with a fix)
+            raise ConfigError(f"metrics must be a list of metric names or functions, got {metrics!r:.60}")
         self.config = dict(algo=dict(algo) if isinstance(algo, Mapping) else
                            str(algo) if sequence_algo(algo) is not None or signal_algo(algo) is not None else algo, loss=loss if isinstance(loss, str) else None,
                            loss_callable=None if isinstance(loss, str) or loss is None else
@@ -528,6 +538,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         check_finite(y, where)
         if getattr(self.loss_fn, "integer_labels", False) and self._num_classes is not None:
             check_labels(y, self._num_classes, where=where)
+        if self.loss_fn is LOSSES["categorical_crossentropy"] and y.size and np.min(y) < 0:  # the loss fell forever
+            raise ShapeError(f"{where}: categorical_crossentropy takes probabilities (one-hot or soft labels, each "
+                             f">= 0), got values down to {np.min(y):g}")
 
     def _metrics(self, outputs, ys, weight) -> dict[str, jax.Array]:
         return placed_metrics(self.metric_fns, outputs, ys, weight)
@@ -588,6 +601,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """
         verbose = check_verbose(verbose)
         check_shuffle(shuffle)
+        if not isinstance(drop_remainder, bool):  # "no" read as True dropped the last batch
+            raise ConfigError(f"drop_remainder must be True or False, got {drop_remainder!r}")
         if self.stateful and shuffle is not False:
             raise ConfigError("stateful=True reads batch k + 1 as the continuation of batch k: pass shuffle=False")
         if not isinstance(initial_epoch, (int, np.integer)) or isinstance(initial_epoch, bool) or initial_epoch < 0:
@@ -683,7 +698,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._sized.clear()
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read before the first batch
-        callbacks = list(callbacks or [])
+        callbacks = callback_list(callbacks, "fit")
         steps = None
         if is_array:
             size = np.shape(x)[0]
@@ -710,6 +725,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.epochs = epochs
         fit_params = {"verbose": verbose, "epochs": epochs, "steps": steps}
         self.history = History(fit_params, model=self)
+        if validation is not None and not any(validates(epoch) for epoch in range(initial_epoch, epochs)):
+            warnings.warn(f"validation_freq={validation_freq!r}: no epoch of this fit ({initial_epoch + 1}.."
+                          f"{epochs}) validates, so the validation data is never used", UserWarning, stacklevel=2)
+            validation = None  # and a callback watching a val_ key is told before training
         self.fit_log_keys = self._log_keys(validation is not None)
         self.validates_epoch = (lambda epoch: False) if validation is None else validates
         hooks = CallbackList(callbacks, model=self, params=fit_params,

@@ -14,6 +14,7 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
+from etrace_fit.layers.dropout import DropoutKey
 
 from ._helpers import B, I, N, O, T, Case, assert_grads_match, leaves_by_name, lin, mse, reference_bptt, to_host
 
@@ -333,3 +334,147 @@ def test_the_trainer_follows_a_changed_layer_setting_in_every_call():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
     assert not all(np.allclose(np.asarray(a), np.asarray(b)) for a, b in
                    zip(jax.tree.leaves(annealed.get_weights()), jax.tree.leaves(never.get_weights())))
+
+
+def _inputs(precision=64):
+    rng = np.random.default_rng(3)
+    dtype = np.float64 if precision == 64 else np.float32
+    return jnp.asarray(rng.random((T, B, I)), dtype), jnp.asarray(rng.standard_normal((T, B, O)), dtype)
+
+
+def test_a_rule_dict_in_another_order_is_another_plan():
+    """The cache key sorted the dict, while the first matching pattern decides: the
+    reversed dict silently reused the first one's ES-D-RTRL plan (1.5 off D-RTRL)."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        model = _lif()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = _inputs()
+        first = {"layers.*": "esd_rtrl", "layers.0.*": "d_rtrl"}
+        grads = {}
+        for name, algo in (("esd", first), ("d", dict(reversed(first.items()))), ("direct", "d_rtrl")):
+            brainstate.nn.reset_all_states(model, batch_size=B)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ef.ApproximationWarning)
+                grads[name] = np.asarray(ef.sequence_grad(model, xs, ys, mse, algo=algo)[0][("layers", 0, "weight")]
+                                         ["weight"])
+    np.testing.assert_array_equal(grads["d"], grads["direct"])
+    assert not np.allclose(grads["esd"], grads["d"])
+
+
+def test_gradient_fidelity_gives_both_runs_the_same_dropout_masks_and_puts_the_key_back():
+    """The online run moved the dropout key on, so the BPTT reference drew other masks:
+    D-RTRL, exact here, read cosine 0.86."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        brainstate.random.seed(0)
+        model = ef.Sequential(lin(I, N, 0, 2.0), L.Dropout(0.3), L.LIF(N, tau=10.0, surrogate="sigmoid"), lin(N, O, 2))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = _inputs()
+        keys = lambda: [np.asarray(s.value) for s in model.states().values() if isinstance(s, DropoutKey)]  # noqa: E731
+        before = keys()
+        fidelity = ef.gradient_fidelity(model, xs, ys, mse, algo="d_rtrl")
+        assert before and all(np.array_equal(a, b) for a, b in zip(before, keys()))
+    for path, f in fidelity.items():
+        assert f.cosine == pytest.approx(1.0, abs=1e-9) and f.norm_ratio == pytest.approx(1.0, rel=1e-9), path
+
+
+def test_a_replaced_readout_is_compiled_again_and_a_held_learner_refuses_it():
+    """A LeakyRateReadout replaced by one of another τ: its decay is a constant the
+    jaxpr's text does not show, so e-prop went on with the old one (0.34 off), and a held
+    learner failed with a KeyError or blamed the input shape."""
+    def model(tau):
+        return ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"),
+                             L.LeakyRateReadout(N, O, tau=tau))
+
+    with brainstate.environ.context(precision=64, dt=1.0):
+        xs, ys = _inputs()
+        swapped = model(4.0)
+        brainstate.nn.init_all_states(swapped, batch_size=B)
+        learner = ef.compile(swapped, xs[0], mse, algo="eprop")
+        ef.sequence_grad(swapped, xs, ys, mse, algo="eprop")
+        fresh = model(20.0)
+        swapped.layers[2] = fresh.layers[2]
+        brainstate.nn.init_all_states(swapped, batch_size=B)
+        brainstate.nn.init_all_states(fresh, batch_size=B)
+        assert not learner.is_current()
+        for call in (lambda: learner.grad(xs, ys), lambda: learner.init(B)):
+            with pytest.raises(ef.ConfigError, match=r"layers\.2 is not the layer object the step was compiled with"):
+                call()
+        after = ef.sequence_grad(swapped, xs, ys, mse, algo="eprop")[0]
+        brainstate.nn.reset_all_states(fresh, batch_size=B)
+        expected = ef.sequence_grad(fresh, xs, ys, mse, algo="eprop")[0]
+    for path in expected:
+        for a, b in zip(jax.tree.leaves(after[path]), jax.tree.leaves(expected[path])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+
+
+def test_a_stream_state_without_this_learners_traces_is_refused():
+    """A BPTT learner's state (no traces) given to a D-RTRL learner gave zero gradients."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        model = _lif()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = _inputs()
+        online = ef.compile(model, xs[0], mse, algo="d_rtrl")
+        bptt = ef.compile(model, xs[0], mse, algo="bptt")
+        for state in (bptt.init(B), online.init(B)._replace(traces=[])):
+            with pytest.raises(ef.ConfigError, match=r"learner.step: state.traces holds 0 traced pair\(s\), this "
+                                                     r"learner has 1 \('d_rtrl'\)"):
+                online.step(state, xs, ys)
+        grads, _, _ = online.step(online.init(B), xs, ys)
+    assert float(jnp.abs(grads["layers.0.weight"]["weight"]).max()) > 0
+
+
+def test_a_bptt_learners_step_takes_active_and_online_fit_names_what_optimizer_it_takes():
+    """``learner.step(..., active=)`` raised a TypeError from inside BPTT's program;
+    ``online_fit(..., "adam")`` an AttributeError deep inside."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        model = _lif()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = _inputs()
+        active = np.zeros(T, bool)
+        active[[4, T - 1]] = True
+        ys = ys * jnp.asarray(active, ys.dtype)[:, None, None]  # no loss where inactive (what active promises)
+        for algo in ("bptt", "tbptt:5"):
+            learner = ef.compile(model, xs[0], mse, algo=algo)
+            with_active = learner.step(learner.init(B), xs, ys, active=active)[0]
+            without = learner.step(learner.init(B), xs, ys)[0]
+            jax.tree.map(np.testing.assert_array_equal, with_active, without)
+        with pytest.raises(ef.ConfigError, match=r"online_fit takes an optax optimizer \(optax.adam\(1e-3\)\), got "
+                                                 r"'adam' \(the Trainer takes names\)"):
+            ef.online_fit(model, xs, ys, mse, "adam", update_every=5, algo="d_rtrl")
+
+
+class _SharedTwoCalls(brainstate.nn.Module):
+    """One Linear called twice, into two LIF layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.a, self.b, self.out = lin(I, N, 0, 2.0), L.LIF(N, tau=5.0), L.LIF(N, tau=3.0), lin(N, O, 2)
+
+    def update(self, x):
+        return self.out(self.a(self.lin(x)) + self.b(self.lin(-x)))
+
+
+def test_rules_name_every_rule_a_weight_used_twice_gets():
+    """Under a budget the two uses get D-RTRL and ES-D-RTRL; ``rules`` gave the last one's."""
+    with brainstate.environ.context(dt=1.0):
+        model = _SharedTwoCalls()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            budgeted = ef.compile(model, jnp.ones((B, I)), mse, algo="hybrid", memory_budget=250)
+            exact = ef.compile(model, jnp.ones((B, I)), mse, algo="d_rtrl")
+    assert budgeted.rules == {"lin.weight": "d_rtrl+esd_rtrl"} and exact.rules == {"lin.weight": "d_rtrl"}
+
+
+def test_an_unbatched_model_whose_units_read_as_its_batch_gets_a_shape_error_naming_the_group():
+    """xs (T, I) with I = N passed the batch-axis check (N read as B) and every online
+    rule failed with an IndexError inside the planner."""
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(lin(I, I, 0), L.LIF(I), lin(I, O, 2))
+        brainstate.nn.init_all_states(model)  # unbatched
+        xs, ys = jnp.ones((T, I)), jnp.zeros((T, O))
+        for algo in ("d_rtrl", "esd_rtrl", "hybrid"):
+            with pytest.raises(ef.ShapeError, match=r"hidden group \(layers\.1\.V\) has shape \(4,\): the online rules "
+                                                    r"need hidden states of shape \(batch, units...\)"):
+                ef.sequence_grad(model, xs, ys, mse, algo=algo)
+        ef.sequence_grad(model, xs, ys, mse, algo="bptt")  # BPTT takes it

@@ -23,12 +23,12 @@ from etrace_fit.errors import ConfigError, ShapeError
 from ._helpers import C, T, lif_model as _model, rate_data as _data
 
 
-def _fit_counting(trainer, *args, **kwargs):
+def _fit_counting(trainer, *args, callbacks_extra=(), **kwargs):
     """``fit`` with a callback counting the batches that began; returns the count."""
     began = []
     counter = LambdaCallback(on_train_batch_begin=lambda b, logs: began.append(b))
     try:
-        trainer.fit(*args, callbacks=[counter], verbose=0, **kwargs)
+        trainer.fit(*args, callbacks=[counter, *callbacks_extra], verbose=0, **kwargs)
     finally:
         _fit_counting.began = len(began)
     return len(began)
@@ -198,6 +198,26 @@ def test_validation_data_that_cannot_be_batches_fails_before_training(make, erro
     x, y = _data()
     with pytest.raises(error, match=match):
         _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, validation_data=make(x, y))
+    assert _fit_counting.began == 0
+
+
+@pytest.mark.parametrize("freq", [[0], [-1], [1.7], "10", [True]])
+def test_validation_freq_lists_of_what_is_not_an_epoch_are_refused(freq):
+    """[0] or [-1] named no epoch, [1.7] was read as 1, the string "10" as epochs 1 and 0."""
+    x, y = _data()
+    with pytest.raises(ConfigError, match=r"validation_freq must be an int >= 1 or a list of 1-based epochs"):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, validation_data=(x, y), validation_freq=freq)
+    assert _fit_counting.began == 0
+
+
+def test_a_validation_freq_naming_no_epoch_of_the_fit_warns_and_a_monitor_on_it_fails_first():
+    """[99] with epochs=3: EarlyStopping("val_loss") passed its check before training and
+    never acted."""
+    x, y = _data()
+    with pytest.warns(UserWarning, match=r"validation_freq=\[99\]: no epoch of this fit \(1..2\) validates"):
+        with pytest.raises(ConfigError, match=r"'val_loss' is a validation value, but this fit has no validation"):
+            _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, epochs=2, validation_data=(x, y),
+                          validation_freq=[99], callbacks_extra=[ef.callbacks.EarlyStopping("val_loss")])
     assert _fit_counting.began == 0
 
 
@@ -485,3 +505,55 @@ def test_keras_multi_input_x_and_sample_weight_batches_are_named():
     with pytest.raises(ConfigError, match=r"a batch's third item is read as the mask: \(x, y, mask\); Keras' \(x, y, "
                                           r"sample_weight\) batches are not taken"):
         _fit_counting(ef.Trainer(_model()), [(x, y, np.ones(8, np.float32))])
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: ef.Trainer(_model(), metrics=3), r"metrics must be a list of metric names or functions, got 3"),
+    (lambda: ef.Trainer(_model(), decay="x"), r"decay must be a number in \[0, 1\), got 'x'"),
+    (lambda: ef.Trainer(_model()).fit(*_data(), callbacks=ef.callbacks.TerminateOnNaN(), verbose=0),
+     r"fit: callbacks must be a list, got one TerminateOnNaN; pass callbacks=\[TerminateOnNaN\(...\)\]"),
+    (lambda: ef.Trainer(_model()).evaluate(*_data(), callbacks=5, verbose=0),
+     r"evaluate: callbacks must be a list of callbacks, got 5"),
+    (lambda: ef.Trainer(_model()).predict(_data()[0], callbacks=ef.callbacks.TerminateOnNaN(), verbose=0),
+     r"predict: callbacks must be a list, got one TerminateOnNaN"),
+], ids=["metrics", "decay", "fit-callbacks", "evaluate-callbacks", "predict-callbacks"])
+def test_arguments_of_the_wrong_kind_get_a_config_error_naming_them(make, match):
+    """Each raised Python's "object is not iterable" or "could not convert string to
+    float" (the decay at the first fit)."""
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_negative_categorical_targets_and_a_mask_marking_no_step_are_refused():
+    """One-hot minus one trained a loss falling to -23 over three epochs; an all-False
+    mask logged a loss of 0 while nothing was learned."""
+    x, y = _data()
+    onehot = np.eye(2, dtype=np.float32)[y]
+    with pytest.raises(ShapeError, match=r"y: categorical_crossentropy takes probabilities \(one-hot or soft labels, "
+                                         r"each >= 0\), got values down to -1"):
+        _fit_counting(ef.Trainer(_model(), loss="categorical_crossentropy"), x, onehot - 1, batch_size=8)
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match=r"mask marks no step of any sequence as real \(all False\)"):
+        _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=np.zeros(x.shape[:2], bool))
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match=r"mask marks no step"):
+        ef.Trainer(_model(), loss_on="mask").evaluate(x, y, mask=np.zeros(x.shape[:2], bool), verbose=0)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t, x, y: t.fit(x, y, batch_size=5, drop_remainder="no", verbose=0), r"drop_remainder must be True or False"),
+    (lambda t, x, y: t.predict(x, last_only="no", verbose=0), r"predict: last_only must be True or False"),
+    (lambda t, x, y: t.evaluate(x, y, return_dict="yes", verbose=0), r"return_dict must be True or False"),
+    (lambda t, x, y: ef.Trainer(_model(), time_major="yes"), r"time_major must be True or False"),
+    (lambda t, x, y: ef.Trainer(_model(), update_every=True), r"update_every must be a positive int or None"),
+], ids=["drop_remainder", "last_only", "return_dict", "time_major", "update_every"])
+def test_a_string_or_bool_where_a_flag_or_count_goes_is_refused(call, match):
+    """Truthy strings were read as True (drop_remainder="no" dropped the last batch) and
+    update_every=True as 1."""
+    x, y = _data()
+    with pytest.raises(ConfigError, match=match):
+        call(ef.Trainer(_model()), x, y)
+
+
+def test_update_every_takes_a_numpy_int_as_epochs_do():
+    assert ef.Trainer(_model(), algo="d_rtrl", update_every=np.int64(5)).update_every == 5

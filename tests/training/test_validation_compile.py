@@ -66,7 +66,8 @@ def test_the_first_validation_runs_a_program_compiled_beside_the_training_step(a
 
 
 def test_no_program_is_compiled_ahead_when_no_epoch_validates():
-    trainer, log = _fit(rate_data(16, seed=1), validation_freq=[3], epochs=2)
+    with pytest.warns(UserWarning, match=r"validation_freq=\[3\]: no epoch of this fit \(1..2\) validates"):
+        trainer, log = _fit(rate_data(16, seed=1), validation_freq=[3], epochs=2)
     assert not [thread for thread, _ in log.compiles if thread == THREAD]
     assert "val_loss" not in trainer.history.history
 
