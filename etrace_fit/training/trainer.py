@@ -196,8 +196,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                               f"write metrics=[{metrics!r}]")
         if loss_on not in LOSS_PLACEMENTS:
             raise ConfigError(f"unknown loss_on {loss_on!r}; valid: {', '.join(LOSS_PLACEMENTS)}")
-        if update_every is not None and (isinstance(update_every, bool) or not isinstance(update_every, (int, np.integer))
-                                         or update_every < 1):
+        if update_every is not None and (isinstance(update_every, bool)
+                                         or not isinstance(update_every, (int, np.integer)) or update_every < 1):
             raise ConfigError(f"update_every must be a positive int or None, got {update_every!r}")
         update_every = None if update_every is None else int(update_every)  # a numpy int too, as epochs take
         if not isinstance(time_major, bool):  # "yes" and "no" read as True

@@ -541,7 +541,8 @@ def test_negative_categorical_targets_and_a_mask_marking_no_step_are_refused():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda t, x, y: t.fit(x, y, batch_size=5, drop_remainder="no", verbose=0), r"drop_remainder must be True or False"),
+    (lambda t, x, y: t.fit(x, y, batch_size=5, drop_remainder="no", verbose=0),
+     r"drop_remainder must be True or False"),
     (lambda t, x, y: t.predict(x, last_only="no", verbose=0), r"predict: last_only must be True or False"),
     (lambda t, x, y: t.evaluate(x, y, return_dict="yes", verbose=0), r"return_dict must be True or False"),
     (lambda t, x, y: ef.Trainer(_model(), time_major="yes"), r"time_major must be True or False"),
