@@ -213,7 +213,7 @@ class Dashboards:
             xs, ys, weight = self._time_major(first, False if isinstance(data, Arrays) else None)
             self._ensure_states(xs.shape[1])
             brainstate.nn.reset_all_states(self._model, batch_size=xs.shape[1])
-            self._compiled(xs, ys, weight)
+            self._compiled(xs, ys, weight, check_memory=False)  # a batch of up to 32 the user did not ask for
         self._ensure_states(1)  # the hidden states' shapes per sample (fit resets them per batch)
         text = model_summary(self._model, self.learner, algo=self.algo)
         if print_fn is None:

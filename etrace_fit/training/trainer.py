@@ -855,12 +855,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 break
 
 
-    def _compiled(self, xs, ys, weight, max_chunk=None):
+    def _compiled(self, xs, ys, weight, max_chunk=None, check_memory=True):
         """The program for this batch's shape, from the learner compiled on the first
         batch: its plan is kept for every later shape (a last, smaller batch must not
         change a weight's rule under the report). Traced with the model's states at
         this batch size; the model is left as it was. ``max_chunk``: see
-        ``Learner.compiled``."""
+        ``Learner.compiled``. ``check_memory``: this batch's traces are checked against
+        the device's memory (every new batch shape: a later ``fit`` with a larger batch,
+        or one after ``summary(x)``, went unchecked)."""
         with _states_at(self._model, xs.shape[1]):
             if self.learner is None:
                 with warnings.catch_warnings():
@@ -871,13 +873,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                                    trace_dtype=self.trace_dtype, plan_batch=xs.shape[1],
                                                    step_fn=self._step_fn, mesh=self.mesh)
                 if self.learner.plan is not None:
-                    check_trace_memory(self.learner.plan, xs.shape[1],
-                                       devices=1 if self._placement is None else self._placement.size)
                     changing = [f"update_every={self.update_every}"] * (self.update_every is not None
                                                                         and self.update_every < xs.shape[0])
                     changing += ["stateful=True (the traces carry across batches)"] * self.stateful
                     if changing:
                         warn_readout_memory_under_updates(self.learner.plan, " and ".join(changing), stacklevel=6)
+            if check_memory and self.learner.plan is not None:
+                check_trace_memory(self.learner.plan, xs.shape[1],
+                                   devices=1 if self._placement is None else self._placement.size)
             return self.learner.compiled(xs, sequence_targets(ys, weight, self.regularizers, self._initial_rates()),
                                          max_chunk=max_chunk)
 

@@ -381,6 +381,22 @@ def test_traces_that_do_not_fit_the_device_fail_before_training(monkeypatch):
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # exactly fits
 
 
+def test_every_new_batch_size_is_checked_against_the_devices_memory_but_not_summarys(monkeypatch):
+    """The check ran when the learner was compiled only: a later fit with a larger batch,
+    or any fit after ``summary(x)`` (which compiles on up to 32 samples, and raised for
+    that batch the user never asked for), went unchecked into an out-of-memory."""
+    from etrace_fit.training import memory as trainer_module
+
+    x, y = _data(16)
+    monkeypatch.setattr(trainer_module, "device_memory", lambda: 680 * 5)
+    for first in (lambda t: t.fit(x, y, batch_size=4, epochs=1, verbose=0),
+                  lambda t: t.summary(x, print_fn=None)):
+        trainer = ef.Trainer(_model(), algo="d_rtrl")
+        first(trainer)
+        with pytest.raises(ConfigError, match=r"a batch of 16 need .* at most 5"):
+            trainer.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
 def test_device_memory_is_known():
     from etrace_fit.training.trainer import device_memory
 
