@@ -57,12 +57,12 @@ def check_verbose(verbose: Any) -> int:
 def validation_schedule(validation_freq: Any):
     """Keras' ``validation_freq`` as a predicate on the 0-based epoch: an int ``n``
     validates every ``n``-th epoch, a collection at the listed 1-based epochs."""
+    expected = f"validation_freq must be an int >= 1 or a list of 1-based epochs (ints >= 1), got {validation_freq!r}"
     if isinstance(validation_freq, (int, np.integer)) and not isinstance(validation_freq, bool):
         validation_freq = int(validation_freq)
         if validation_freq < 1:
-            raise ConfigError(f"validation_freq must be an int >= 1 or a list of epochs, got {validation_freq!r}")
+            raise ConfigError(expected)
         return lambda epoch: (epoch + 1) % validation_freq == 0
-    expected = f"validation_freq must be an int >= 1 or a list of 1-based epochs (ints >= 1), got {validation_freq!r}"
     if isinstance(validation_freq, (str, bytes)):  # "10" read as the epochs {1, 0}
         raise ConfigError(expected)
     try:

@@ -170,7 +170,7 @@ def test_bad_arguments_name_the_layer():
             L.STP(4, U=1.5)
         with pytest.raises(ConfigError, match="LRU\\(3, 4\\): need 0 <= r_min < r_max < 1"):
             L.LRU(3, 4, r_max=1.0)
-        with pytest.raises(ConfigError, match="tau must be positive"):
+        with pytest.raises(ConfigError, match="tau must be a positive finite number"):
             L.ExpSynapse(4, tau=0.0)
         synapse = L.AlphaSynapse(4)
         brainstate.nn.init_all_states(synapse, batch_size=2)

@@ -136,7 +136,7 @@ def test_initial_epoch_continues_a_run_and_validation_freq_picks_the_epochs():
     history = trainer.fit(x, y, batch_size=8, epochs=3, validation_data=(x, y), validation_freq=[1, 3], verbose=0)
     assert len(history.history["val_loss"]) == 2
     for bad in (0, "often", 1.5):
-        with pytest.raises(ConfigError, match="validation_freq must be an int >= 1 or a list of epochs"):
+        with pytest.raises(ConfigError, match="validation_freq must be an int >= 1 or a list of 1-based epochs"):
             trainer.fit(x, y, epochs=1, validation_data=(x, y), validation_freq=bad, verbose=0)
     with pytest.raises(ConfigError, match="initial_epoch must be an int >= 0"):
         trainer.fit(x, y, epochs=1, initial_epoch=-1, verbose=0)
