@@ -252,9 +252,12 @@ def make_plan(
     else:
         default = algo
     rules, chosen = [], []  # chosen: pairs whose rule the hybrid picked (not forced)
+    deciding = set()  # the patterns that decided some traced weight's rule
     for n, pair in enumerate(pairs):
         name = format_path(pair.relation.weight_path)
-        forced = next((rule for pattern, rule in overrides.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        pattern = next((pattern for pattern in overrides if fnmatch.fnmatchcase(name, pattern)), None)
+        forced = None if pattern is None else overrides[pattern]
+        deciding.add(pattern)
         if forced is not None:
             rules.append(make_rule(forced, alpha))
         elif isinstance(default, str) and default == "hybrid":
@@ -262,6 +265,13 @@ def make_plan(
             chosen.append(n)
         else:
             rules.append(make_rule(default, alpha))
+    dead = [pattern for pattern in overrides if pattern not in deciding]
+    if dead:  # a weight that drives no hidden state has no rule; a pattern after one that matched first decides nothing
+        traced = sorted({format_path(pair.relation.weight_path) for pair in pairs})
+        warnings.warn(f"algo pattern(s) {', '.join(map(repr, dead))} decide no traced weight's rule: every weight "
+                      f"they match drives no hidden state (its gradient is one step, no rule applies) or was decided "
+                      f"by an earlier pattern (the first that matches decides); traced weights: {', '.join(traced)}",
+                      UserWarning, stacklevel=4)
     if chosen:  # D-RTRL wherever it fits the per-sample budget: exact weights first, then the cheapest
         limit = DEFAULT_BUDGET_PER_SAMPLE if budget is None else budget
         itemsize = jnp.dtype(trace_dtype).itemsize

@@ -3,6 +3,7 @@ a plan chosen once for every batch size, and no stale program after the model ch
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import brainstate
@@ -478,3 +479,21 @@ def test_an_unbatched_model_whose_units_read_as_its_batch_gets_a_shape_error_nam
                                                     r"need hidden states of shape \(batch, units...\)"):
                 ef.sequence_grad(model, xs, ys, mse, algo=algo)
         ef.sequence_grad(model, xs, ys, mse, algo="bptt")  # BPTT takes it
+
+
+def test_a_rule_pattern_that_decides_no_traced_weight_warns():
+    """A pattern matching only a weight that drives no hidden state, or one whose weights
+    an earlier pattern decided, did nothing, silently (one matching no weight is refused)."""
+    with brainstate.environ.context(dt=1.0):
+        model = _lif()
+        brainstate.nn.init_all_states(model, batch_size=B)
+        example = jnp.ones((B, I))
+        for algo, dead in (({"layers.2.*": "esd_rtrl"}, "'layers.2.*'"),
+                           ({"layers.*": "esd_rtrl", "layers.0.*": "d_rtrl"}, "'layers.0.*'")):
+            with pytest.warns(UserWarning, match=rf"algo pattern\(s\) {re.escape(dead)} decide no traced weight's rule"
+                                                 rf".*traced weights: layers\.0\.weight"):
+                ef.compile(model, example, mse, algo=algo)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            warnings.simplefilter("ignore", ef.ApproximationWarning)  # (ES-D-RTRL's, expected)
+            ef.compile(model, example, mse, algo={"layers.0.*": "esd_rtrl"})
