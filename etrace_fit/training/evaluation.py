@@ -49,11 +49,10 @@ class Evaluation:
         ``brainstate.transform.jit`` passes them in and JAX keys its cache on their shapes,
         so the states a smaller last batch left compiled the same program again (a
         ``predict`` of one shape compiled twice, the validation compiled ahead again)."""
-        for state in self._model.states(brainstate.HiddenState).values():
-            leaves = jax.tree.leaves(state.value)
-            if leaves and np.ndim(leaves[0]) and np.shape(leaves[0])[0] != batch:
-                brainstate.nn.reset_all_states(self._model, batch_size=batch)
-            return
+        first = next(iter(self._model.states(brainstate.HiddenState).values()), None)  # one state tells
+        leaves = [] if first is None else jax.tree.leaves(first.value)
+        if leaves and np.ndim(leaves[0]) and np.shape(leaves[0])[0] != batch:
+            brainstate.nn.reset_all_states(self._model, batch_size=batch)
 
     def _output_shape(self, xs: jax.Array) -> jax.ShapeDtypeStruct:
         """The shape and dtype :meth:`_outputs` would return for ``xs``, from a trace of
