@@ -267,8 +267,10 @@ class Learner:
             else:
                 _check_batch_axis(self.model, jax.tree.leaves(xs))
                 example = jax.tree.map(lambda x: x[0], xs)
+                # verify=False: the step was checked when the learner was compiled; another
+                # input shape traces the same step
                 graph = compile_graph(self.model, *_example_args(example), step_fn=self.step_fn,
-                                      online=self.plan is not None)
+                                      online=self.plan is not None, verify=False)
             if self.plan is None:
                 plan, program = None, sequence_algo(self.algo).build(graph, step_loss)
             else:
@@ -583,6 +585,7 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     warn: bool = True,
     step_fn: Callable[..., Any] | None = None,
     mesh: Any = None,
+    verify: bool | None = None,
 ) -> Learner:
     """Compile ``model`` for online learning: trace one step, plan a rule per weight.
 
@@ -605,6 +608,11 @@ def compile(  # noqa: A001 - the public name, as ef.compile
         mesh: as ``Trainer(mesh=...)`` (docs/scaling.md): :meth:`Learner.init` and
             :meth:`Learner.step` split the batch, hidden states and traces over the
             mesh's ``"batch"`` axis and replicate the weights.
+        verify: test what the compiler calls exact on the traced step at a random
+            point (docs/compiler.md, the numerical check); a weight the step
+            contradicts is reported approximate. Default: for a model with a module
+            class from outside etrace_fit and brainstate (a neuron of your own), or as
+            the ``ETRACE_FIT_VERIFY`` environment variable says (``1`` / ``0``).
 
     Returns:
         a :class:`Learner`; ``print(learner.report())`` shows the plan.
@@ -622,7 +630,8 @@ def compile(  # noqa: A001 - the public name, as ef.compile
     if step_fn is not None and not callable(step_fn):
         raise ConfigError(f"step_fn must be a callable (*inputs) -> outputs that calls the model, got "
                           f"{type(step_fn).__name__}")
-    graph = compile_graph(model, *_example_args(example), step_fn=step_fn, online=sequence_algo(algo) is None)
+    graph = compile_graph(model, *_example_args(example), step_fn=step_fn, online=sequence_algo(algo) is None,
+                          verify=verify)
     plan = None
     if sequence_algo(algo) is None:
         group = graph.hidden_groups[0]

@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+
 from ..errors import CompilationError
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .fidelity import approximations
 from .hidden_groups import HiddenGroup, hidden_groups
 from .module_info import ModuleInfo, module_info
 from .relations import Relation, relations
+from .verify import numerical_check, wants_check
 
 __all__ = ["ETraceGraph", "compile_graph"]
 
@@ -133,7 +136,8 @@ def _size(module: ModuleInfo, path: tuple) -> int:
     return sum(math.prod(v.aval.shape) for v in state.in_vars)
 
 
-def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online: bool = True) -> ETraceGraph:
+def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online: bool = True,
+                  verify: bool | None = None) -> ETraceGraph:
     """Compile one time step of ``model`` into an :class:`ETraceGraph`.
 
     Args:
@@ -146,6 +150,11 @@ def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online:
             functions stay as written, memory in a plain ``State`` is allowed, and
             hidden states that cannot form groups (of two shapes) leave the graph
             without groups instead of raising.
+        verify: test what the passes call exact on the traced step itself, at a
+            random point (:mod:`~etrace_fit.compiler.verify`); a claim the step
+            contradicts makes the weight approximate, with a record that says why.
+            Default: when a module of ``model`` is of a class from outside etrace_fit
+            and brainstate, or as the ``ETRACE_FIT_VERIFY`` environment variable says.
 
     Raises:
         CompilationError: the model has no hidden state, writes a weight in its step,
@@ -172,6 +181,8 @@ def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online:
         found, relation_records = relations(module, groups)
         diagnostics = (*module.diagnostics, *group_records, *relation_records,
                        *approximations(module, groups, found))
+        if online and wants_check(model, verify):
+            diagnostics += numerical_check(module, groups, found, diagnostics, jax.tree.leaves(example_inputs))
     errors = [d for d in diagnostics if d.level >= Level.ERROR]
     if errors:
         raise CompilationError("; ".join(str(d) for d in errors))
