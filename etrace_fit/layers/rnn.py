@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
-from .base import check_last_axis, make_state
+from .base import check_last_axis, describe, make_state
 from .linear import Linear
 
 __all__ = ["GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "URLSTMCell",
@@ -142,7 +142,9 @@ class LSTMCell(_Cell):
 
     Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)``; states ``h`` and ``c``,
     each ``(B, hidden_size)``; each ``W_*`` is ``(in_size + hidden_size, hidden_size)``.
-    ``b_f`` starts at ``forget_bias`` (1.0) so memories are kept early in training.
+    ``b_f`` starts at ``forget_bias`` (1.0) so memories are kept early in training,
+    whatever ``b_init`` gives the other gates (Keras' ``unit_forget_bias``);
+    ``forget_bias=None`` starts it from ``b_init`` as well.
 
     Example::
 
@@ -154,12 +156,12 @@ class LSTMCell(_Cell):
     _hidden_names = ("h", "c")
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 forget_bias: float = 1.0, state_init: Any = None, name: str | None = None):
+                 forget_bias: float | None = 1.0, state_init: Any = None, name: str | None = None):
         super().__init__(in_size, hidden_size, state_init, name)
         total = in_size + hidden_size
         self.W_i = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
         self.W_f = Linear(total, hidden_size, w_init=w_init,
-                          b_init=brainstate.nn.init.Constant(forget_bias) if b_init is None else b_init)
+                          b_init=_forget_init(self, forget_bias, b_init))
         self.W_g = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
         self.W_o = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
 
@@ -248,6 +250,19 @@ class MinGRUCell(_Cell):
         return self.h.value
 
 
+def _forget_init(cell: Any, forget_bias: Any, b_init: Any) -> Any:
+    """The forget gate's bias initializer: ``forget_bias`` (a finite number) unless it is
+    ``None``, then ``b_init``. With ``b_init`` given it was ``b_init``, ``forget_bias``
+    silently dropped."""
+    if forget_bias is None:
+        return b_init
+    if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(forget_bias):
+        raise ConfigError(f"{describe(cell)}: forget_bias must be a finite number or None (the forget gate's bias "
+                          f"from b_init), got {forget_bias!r}")
+    return brainstate.nn.init.Constant(float(forget_bias))
+
+
 class MinLSTMCell(_Cell):
     """minLSTM (Feng et al. 2024), sequential form with normalised gates::
 
@@ -255,14 +270,15 @@ class MinLSTMCell(_Cell):
         h^t = f / (f + i) ⊙ h^{t-1} + i / (f + i) ⊙ h̃
 
     Elementwise in ``h``: D-RTRL is exact for every weight. ``b_f`` starts at
-    ``forget_bias``. Shapes as :class:`MinGRUCell`.
+    ``forget_bias`` whatever ``b_init`` gives the other gates (``None``: from
+    ``b_init``). Shapes as :class:`MinGRUCell`.
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 forget_bias: float = 1.0, state_init: Any = None, name: str | None = None):
+                 forget_bias: float | None = 1.0, state_init: Any = None, name: str | None = None):
         super().__init__(in_size, hidden_size, state_init, name)
         self.W_f = Linear(in_size, hidden_size, w_init=w_init,
-                          b_init=brainstate.nn.init.Constant(forget_bias) if b_init is None else b_init)
+                          b_init=_forget_init(self, forget_bias, b_init))
         self.W_i = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
         self.W_h = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
 

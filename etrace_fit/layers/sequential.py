@@ -8,6 +8,7 @@ import brainstate
 
 from ..errors import ConfigError, EtraceError
 from .base import describe
+from .surrogate import Surrogate
 
 __all__ = ["Sequential"]
 
@@ -31,6 +32,14 @@ class Sequential(brainstate.nn.Module):
         for index, layer in enumerate(layers):
             if not callable(layer):
                 raise ConfigError(f"Sequential: layer {index} must be a module or a callable, got {type(layer).__name__}")
+            if isinstance(layer, Surrogate):
+                # layers.Sigmoid is the sigmoid *surrogate* (a 0/1 spike forward): taken for the
+                # activation, every output was silently a step function
+                raise ConfigError(
+                    f"Sequential: layer {index} is layers.{type(layer).__name__}, a surrogate spike function "
+                    f"(forward: 1 where x > 0, else 0), not an activation; for the sigmoid activation use "
+                    f"layers.Activation('sigmoid'), for spiking neurons a neuron layer (layers.LIF, ...). To "
+                    f"threshold on purpose, wrap it: layers.Activation(layers.{type(layer).__name__}())")
         self.layers = list(layers)
 
     def __len__(self) -> int:

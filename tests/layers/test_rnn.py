@@ -120,9 +120,21 @@ def test_lstm_forget_bias(env64):
         assert_close(gate.weight.value["bias"], jnp.zeros(H))
     cell = L.LSTMCell(I, H, w_init=np.zeros((I + H, H)), forget_bias=2.5)
     assert_close(cell.W_f.weight.value["bias"], jnp.full(H, 2.5))
-    cell = L.LSTMCell(I, H, w_init=np.zeros((I + H, H)), b_init=np.full(H, 0.3))
-    assert_close(cell.W_f.weight.value["bias"], jnp.full(H, 0.3))
+    # b_init sets the other gates; the forget gate keeps forget_bias (Keras' unit_forget_bias:
+    # b_init replaced it, forget_bias=2.0 beside b_init silently gave 0)
+    cell = L.LSTMCell(I, H, w_init=np.zeros((I + H, H)), b_init=np.full(H, 0.3), forget_bias=2.0)
+    assert_close(cell.W_f.weight.value["bias"], jnp.full(H, 2.0))
     assert_close(cell.W_i.weight.value["bias"], jnp.full(H, 0.3))
+    cell = L.LSTMCell(I, H, w_init=np.zeros((I + H, H)), b_init=np.full(H, 0.3))
+    assert_close(cell.W_f.weight.value["bias"], jnp.ones(H))
+    cell = L.LSTMCell(I, H, w_init=np.zeros((I + H, H)), b_init=np.full(H, 0.3), forget_bias=None)
+    assert_close(cell.W_f.weight.value["bias"], jnp.full(H, 0.3))
+    cell = L.MinLSTMCell(I, H, w_init=np.zeros((I, H)), b_init=np.zeros(H), forget_bias=1.5)
+    assert_close(cell.W_f.weight.value["bias"], jnp.full(H, 1.5))
+    assert_close(cell.W_i.weight.value["bias"], jnp.zeros(H))
+    for bad in ("1", float("nan"), True):
+        with pytest.raises(ConfigError, match=r"LSTMCell\(3, 4\): forget_bias must be a finite number or None"):
+            L.LSTMCell(I, H, forget_bias=bad)
 
 
 def test_default_initialisation(env):

@@ -221,3 +221,15 @@ def test_other_exceptions_pass_through(env):
 def test_non_callable_layer():
     with pytest.raises(ConfigError, match=r"layer 1 .*int"):
         ef.Sequential(jnp.tanh, 3)
+
+
+@pytest.mark.parametrize("surrogate", [L.Sigmoid, L.Triangle, L.FastSigmoid])
+def test_a_surrogate_is_not_taken_for_an_activation(env64, surrogate):
+    """``layers.Sigmoid`` is the sigmoid surrogate (a 0/1 forward): as a layer it made
+    every output a step function, silently, where the sigmoid activation was meant."""
+    with pytest.raises(ConfigError, match=rf"layer 1 is layers.{surrogate.__name__}, a surrogate spike function.*"
+                                          r"layers.Activation\('sigmoid'\)"):
+        ef.Sequential(L.Linear(4, 5, w_init=np.ones((4, 5))), surrogate())
+    model = ef.Sequential(L.Linear(4, 5, w_init=np.ones((4, 5))), L.Activation(surrogate()))  # on purpose: wrapped
+    assert set(np.unique(np.asarray(model(jnp.linspace(-1, 1, 8).reshape(2, 4))))) <= {0.0, 1.0}
+    assert np.allclose(ef.Sequential(L.Activation("sigmoid"))(jnp.zeros((1, 2))), 0.5)
