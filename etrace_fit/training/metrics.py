@@ -2,7 +2,8 @@
 
 Names, with Keras' aliases (a metric is logged under the name it was given):
 ``"accuracy"`` = ``"acc"`` = ``"sparse_categorical_accuracy"`` (integer labels),
-``"categorical_accuracy"`` (one-hot targets), ``"mse"`` = ``"mean_squared_error"``,
+``"categorical_accuracy"`` (one-hot targets), ``"spike_accuracy"`` (a spiking readout:
+ties, a silent readout among them, count as wrong), ``"mse"`` = ``"mean_squared_error"``,
 ``"mae"`` = ``"mean_absolute_error"``.
 
 A metric maps one step's ``(output, target)`` to a per-sample vector ``(B,)``; the
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 from ..errors import ConfigError
 from .losses import class_labels, mae, mse
 
-__all__ = ["DEFAULT_METRICS", "METRICS", "accuracy", "categorical_accuracy", "default_metrics", "get_metrics"]
+__all__ = ["DEFAULT_METRICS", "METRICS", "accuracy", "categorical_accuracy", "default_metrics", "get_metrics",
+           "spike_accuracy"]
 
 Metric = Callable[[jax.Array, Any], jax.Array]
 
@@ -29,10 +31,34 @@ def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     Keras' ``"accuracy"``, it follows the targets: one-hot (or probability) targets of
     the output's shape are compared by their ``argmax`` (the usual
     ``loss="categorical_crossentropy", metrics=["accuracy"]``)."""
+    _check_classes("accuracy", logits)
     labels = jnp.asarray(labels)
     if labels.shape == logits.shape and logits.shape[-1] > 1:
         return categorical_accuracy(logits, labels)
     return (jnp.argmax(logits, axis=-1) == class_labels(logits, labels)).astype(jnp.float32)
+
+
+def spike_accuracy(spikes: jax.Array, labels: jax.Array) -> jax.Array:
+    """1.0 where the label's readout neuron fired more than every other one, else 0.0:
+    ``(B,)``. Ties count as wrong, so a readout that stays silent scores 0 (``"accuracy"``'s
+    argmax takes the first of equal entries: a silent readout scored the share of class
+    0). Integer or one-hot labels."""
+    _check_classes("spike_accuracy", spikes)
+    labels = jnp.asarray(labels)
+    wanted = jnp.argmax(labels, axis=-1) if labels.shape == spikes.shape else class_labels(spikes, labels)
+    top = jnp.max(spikes, axis=-1)
+    unique = jnp.sum(spikes == top[..., None], axis=-1) == 1
+    return ((jnp.argmax(spikes, axis=-1) == wanted) & unique).astype(jnp.float32)
+
+
+def _check_classes(name: str, output: jax.Array) -> None:
+    """An argmax over one unit is always class 0: refused (at trace time, before training)."""
+    if jnp.ndim(output) == 0 or jnp.shape(output)[-1] < 2:
+        raise ConfigError(
+            f"metric {name!r} takes the argmax over the output's classes, but the output has shape "
+            f"{tuple(jnp.shape(output))} (one unit): every prediction would be class 0. Give the model one output "
+            f"per class (2 for a yes/no task, with cross-entropy), or pass a metric of your own, e.g. "
+            f"lambda out, y: ((out[..., 0] > 0) == y).astype(float)")
 
 
 def categorical_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -45,10 +71,12 @@ def categorical_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 METRICS: dict[str, Metric] = {
     "accuracy": accuracy, "acc": accuracy, "sparse_categorical_accuracy": accuracy,
-    "categorical_accuracy": categorical_accuracy,
+    "categorical_accuracy": categorical_accuracy, "spike_accuracy": spike_accuracy,
     "mse": mse, "mean_squared_error": mse, "mae": mae, "mean_absolute_error": mae,
 }
 
+
+_RESERVED = ("loss", "learning_rate")
 
 #: The Trainer's default ``metrics``: :func:`default_metrics` of its loss.
 DEFAULT_METRICS: tuple = ("accuracy",)
@@ -56,17 +84,18 @@ DEFAULT_METRICS: tuple = ("accuracy",)
 
 def default_metrics(loss: Any) -> list[str]:
     """``["accuracy"]`` for a classification loss (the cross-entropies, by name or the
-    built-in functions), else none."""
+    built-in functions), ``["spike_accuracy"]`` for the spiking readouts' cross-entropy,
+    else none."""
     from .losses import categorical_cross_entropy, cross_entropy
 
-    classifying = ("cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy",
-                   "spike_rate_cross_entropy")
-    if isinstance(loss, str):
-        return ["accuracy"] if loss in classifying else []
     from .spiking import SPIKING_LOSSES
 
-    return ["accuracy"] if loss in (cross_entropy, categorical_cross_entropy,
-                                    SPIKING_LOSSES["spike_rate_cross_entropy"]) else []
+    classifying = ("cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy")
+    if isinstance(loss, str):
+        return ["accuracy"] if loss in classifying else ["spike_accuracy"] if loss == "spike_rate_cross_entropy" else []
+    if loss is SPIKING_LOSSES["spike_rate_cross_entropy"]:
+        return ["spike_accuracy"]
+    return ["accuracy"] if loss in (cross_entropy, categorical_cross_entropy) else []
 
 
 def per_sample(value: Any, batch: int) -> jax.Array:
@@ -92,5 +121,9 @@ def get_metrics(metrics: Sequence[str | Metric] | None) -> dict[str, Metric]:
                               f"(output, target) -> (B,)")
         if name in found:
             raise ConfigError(f"metric {name!r} given twice")
+        if name in _RESERVED or name.startswith("val_"):
+            # logged beside the metrics: a metric named "loss" replaced the loss in History and evaluate
+            raise ConfigError(f"metric {name!r}: the trainer logs {', '.join(map(repr, _RESERVED))} and the 'val_' "
+                              f"names itself; give the metric another name (its __name__)")
         found[name] = function
     return found

@@ -18,7 +18,9 @@ since each step's loss is known at that step:
 ``spike_rate_cross_entropy(scale=...)`` build variants. A rate readout
 (:class:`~etrace_fit.layers.LeakyRateReadout`, a leaky integral of its input) works with
 ``loss_on="last"`` and the plain ``"cross_entropy"``. The metric ``"spike_accuracy"``
-scores the step's spikes the same way (argmax of spikes, ties counted as wrong).
+(the default with ``"spike_rate_cross_entropy"``) scores the step's spikes the same way:
+the label's neuron must fire more than every other one (ties, a silent readout among
+them, count as wrong).
 
 A hidden spiking layer that falls silent stops learning (no spikes, no surrogate
 gradient downstream), and one that fires at every step carries no information. Three

@@ -178,3 +178,39 @@ def test_targets_of_the_outputs_shape_are_per_sequence_when_there_are_as_many_as
     else:
         expected = np.mean(-np.sum(y * (out - np.log(np.exp(out).sum(-1, keepdims=True))), axis=-1))
     assert trainer.evaluate(x, y, verbose=0)["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_accuracy_on_one_output_unit_is_refused_before_training():
+    """argmax over one unit is class 0 whatever the output: "accuracy" read the share of
+    label-0 samples (0.0 on a model that fitted every target 1), silently."""
+    with pytest.raises(ConfigError, match=r"metric 'accuracy' takes the argmax over the output's classes, but the "
+                                          r"output has shape \(4, 1\) \(one unit\)"):
+        _fit_logs("mse", np.ones(8, dtype=np.float32), metrics=["accuracy"], outputs=1)
+
+
+def test_spike_accuracy_counts_ties_and_a_silent_readout_as_wrong():
+    spikes = jnp.asarray([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    labels = jnp.asarray([0, 0, 0, 0])
+    metrics = get_metrics(["spike_accuracy", "accuracy"])
+    np.testing.assert_array_equal(metrics["spike_accuracy"](spikes, labels), [0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(metrics["accuracy"](spikes, labels), [1.0, 1.0, 1.0, 0.0])  # Keras' argmax
+    np.testing.assert_array_equal(metrics["spike_accuracy"](spikes, jnp.eye(2)[labels]), [0.0, 1.0, 0.0, 0.0])
+    from etrace_fit.training.metrics import default_metrics
+    from etrace_fit.training.spiking import SPIKING_LOSSES
+
+    assert default_metrics("spike_rate_cross_entropy") == ["spike_accuracy"]
+    assert default_metrics(SPIKING_LOSSES["spike_rate_cross_entropy"]) == ["spike_accuracy"]
+    assert default_metrics("cross_entropy") == ["accuracy"]
+
+
+@pytest.mark.parametrize("name", ["loss", "learning_rate", "val_accuracy"])
+def test_a_metric_named_as_what_the_trainer_logs_is_refused(name):
+    """A callable metric named "loss" replaced the loss in History and evaluate (42.0 for a
+    cross-entropy of 1.66); one named "learning_rate" was replaced by the rate."""
+    def metric(output, target):
+        return jnp.zeros(output.shape[0])
+
+    metric.__name__ = name
+    with pytest.raises(ConfigError, match=rf"metric '{name}': the trainer logs 'loss', 'learning_rate' and the "
+                                          r"'val_' names itself"):
+        get_metrics([metric])
