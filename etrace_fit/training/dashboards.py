@@ -142,7 +142,13 @@ class Dashboards:
         ``{path: (N, T, *size)}`` (the samples do not interact, so each one's spikes are
         its own; TensorBoard's firing statistics read eight sequences per epoch, which
         one at a time took ~0.1 s an epoch). The model's hidden states are left at
-        batch size ``N``."""
+        batch size ``N``, but a stateful trainer's streams are kept (evaluate's
+        ``_keeping_streams``: from a callback, the next batch continued from the
+        recording's states, or failed in JAX on their batch size)."""
+        with self._keeping_streams():
+            return self._record_from_reset(xs, layers)
+
+    def _record_from_reset(self, xs: Any, layers: dict[str, Any] | None) -> dict[str, np.ndarray]:
         layers = self.spiking_layers() if layers is None else layers
         xs = jnp.asarray(xs)
         self._ensure_states(xs.shape[0])

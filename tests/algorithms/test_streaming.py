@@ -218,3 +218,23 @@ def test_train_and_test_on_batch_return_keras_results():
     assert set(logs) == {"loss", "accuracy"}
     assert trainer.evaluate(x, labels, batch_size=B) == pytest.approx(logs)
     assert isinstance(ef.Trainer(_model(), metrics=[]).train_on_batch(x, labels), float)
+
+
+@pytest.mark.parametrize("batch", [B, 1])
+def test_recording_spikes_from_a_callback_leaves_the_streams_where_they_were(batch):
+    """record_spikes left its own states (batch 1) in the model: the next chunk failed in
+    JAX's scan on the carry's batch size (B = 4) or continued from them (B = 1,
+    weights 2.7e-3 off); evaluate kept the streams already."""
+    x, y = _trainer_data()
+    chunks = [(x[:batch, s:s + 6], y[:batch, s:s + 6]) for s in range(0, T, 6)]
+
+    def run(callbacks):
+        trainer = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.05), loss="mse", metrics=[],
+                             loss_on="all", stateful=True)
+        if callbacks:
+            callbacks = [ef.callbacks.LambdaCallback(
+                on_train_batch_end=lambda b, logs: (trainer.model, trainer.record_spikes(x[0, :5])))]
+        trainer.fit(chunks, epochs=1, shuffle=False, verbose=0, callbacks=callbacks or None)
+        return trainer.get_weights()
+
+    _close(run(True), run(False), rtol=0, atol=0)
