@@ -227,7 +227,7 @@ class CallbackList:
                  record: Any = None):
         self.callbacks = list(callbacks or [])
         # ``record(epoch, logs)``: called with the keys the callbacks added to an epoch's
-        # logs, after every callback's ``on_epoch_end`` but the restorers' (the History
+        # logs or set anew, after every callback's ``on_epoch_end`` but the restorers' (the History
         # records them, as Keras' History, which runs last; a backup then holds them)
         self.record = record
         for position, callback in enumerate(self.callbacks):
@@ -262,13 +262,14 @@ class CallbackList:
                 getattr(callback, name)(*args, **kwargs)
 
         def epoch_end(epoch, logs=None):
-            before = set(logs or ())
+            before = dict(logs or {})
             try:
                 for callback in callbacks:
                     if not callback.restores_run:
                         callback.on_epoch_end(epoch, logs)
-            finally:  # also after a callback's error: what the others added is kept
-                self.record(epoch, {key: value for key, value in (logs or {}).items() if key not in before})
+            finally:  # also after a callback's error: what the others added or changed is kept
+                self.record(epoch, {key: value for key, value in (logs or {}).items()
+                                    if key not in before or value is not before[key]})
             for callback in callbacks:
                 if callback.restores_run:
                     callback.on_epoch_end(epoch, logs)

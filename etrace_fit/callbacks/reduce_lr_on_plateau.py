@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from typing import Any
 
 from ..errors import ConfigError
@@ -66,7 +68,9 @@ class ReduceLROnPlateau(MonitoredCallback):
             current = self.model.learning_rate
             if current is None:
                 raise ConfigError("ReduceLROnPlateau needs an optimizer built with optax.inject_hyperparams")
-            if current > self.min_lr:
+            # as Keras, at the rate's float32: 0.1 read back as 0.10000000149 stayed above min_lr=0.1
+            # and "reduced" to itself every epoch
+            if np.float32(current) > np.float32(self.min_lr):
                 self.model.learning_rate = max(current * self.factor, self.min_lr)
                 if self.verbose:
                     print(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate to {self.model.learning_rate}.")

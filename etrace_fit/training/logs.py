@@ -28,20 +28,29 @@ class History:
         self.epoch: list[int] = []
         self.params: dict = dict(params or {})
         self.model = model
+        self._this_epoch: set = set()  # the keys recorded for the last epoch
 
     def append(self, epoch: int, logs: Mapping[str, float]) -> None:
         self.epoch.append(epoch)
+        self._this_epoch = set()
         self.add(logs)
 
     def add(self, logs: Mapping[str, float]) -> None:
-        """Record more keys of the last epoch's logs (those its callbacks added; values
-        that are not numbers, which a checkpoint could not hold, are left out)."""
+        """Record more keys of the last epoch's logs (those its callbacks added, or set
+        anew: the last epoch's value is replaced, as Keras' History, which runs after the
+        other callbacks, records what they left; values that are not numbers, which a
+        checkpoint could not hold, are left out)."""
         for key, value in logs.items():
             try:
                 number = float(value)
             except (TypeError, ValueError):
                 continue
-            self.history.setdefault(key, []).append(number)
+            values = self.history.setdefault(key, [])
+            if self.epoch and len(values) == len(self.epoch) and key in self._this_epoch:
+                values[-1] = number
+            else:
+                values.append(number)
+            self._this_epoch.add(key)
 
 
 def check_verbose(verbose: Any) -> int:

@@ -277,6 +277,22 @@ def test_reduce_lr_on_plateau_lowers_the_rate_after_patience():
         ReduceLROnPlateau(factor=1.5)
 
 
+def test_reduce_lr_on_plateau_at_its_floor_says_nothing_of_a_float32_rate(capsys):
+    """The rate read back as float32 (0.10000000149) stayed above min_lr=0.1 and was
+    "reduced" to itself, with a message, at every later plateau (Keras compares at float32)."""
+    from etrace_fit.callbacks import ReduceLROnPlateau
+
+    class Fake(FakeTrainer):
+        learning_rate = float(np.float32(0.1))
+
+    fake = Fake()
+    callback = ReduceLROnPlateau("val_loss", factor=0.5, patience=1, min_lr=0.1, verbose=1)
+    callback.set_model(fake)
+    for epoch in range(4):
+        callback.on_epoch_end(epoch, {"val_loss": 1.0})
+    assert "reducing" not in capsys.readouterr().out and fake.learning_rate == float(np.float32(0.1))
+
+
 def test_changing_the_rate_of_a_plain_optimizer_is_a_config_error():
     x, y = _data(8)
     trainer = _trainer()

@@ -143,6 +143,22 @@ def test_the_history_records_the_keys_callbacks_add_and_csv_has_every_validation
     assert rows[0]["val_loss"] == "NA" and float(rows[1]["val_loss"]) == pytest.approx(history.history["val_loss"][0])
 
 
+def test_the_history_records_a_value_a_callback_sets_anew_as_keras_history_does(tmp_path):
+    """History kept the step's loss when a callback replaced it (later callbacks and the
+    CSV saw the new one): Keras' History runs last and records the logs as left."""
+    x, y = _data(16)
+    path = tmp_path / "log.csv"
+
+    def rescale(epoch, logs):
+        logs["loss"] = 123.0 + epoch
+
+    history = _trainer().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[
+        LambdaCallback(on_epoch_end=rescale), CSVLogger(str(path)), Score()])
+    assert history.history["loss"] == [123.0, 124.0] and history.history["score"] == [1.0, 2.0]
+    with open(path, newline="") as handle:
+        assert [float(row["loss"]) for row in csv.DictReader(handle)] == [123.0, 124.0]
+
+
 def test_early_stopping_best_weights_survive_a_resume(tmp_path):
     """An interrupted run resumed by BackupAndRestore restores the same best epoch's
     weights as a run that was never interrupted (they are kept in the backups)."""
