@@ -38,6 +38,15 @@ class CSVLogger(Callback):
     def __init__(self, filename: str, separator: str = ",", append: bool = False):
         self.filename, self.separator, self.append = os.fspath(filename), separator, append
         self._keys: list[str] | None = None
+        # data rows the file held when this run began (append=True): a resume keeps them all,
+        # whatever their epochs (an earlier fit's epochs 2-3 were dropped by a resume at epoch 3)
+        self._rows_before: int | None = None
+
+    def state_dict(self) -> dict:
+        return {"rows_before": self._rows_before}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._rows_before = state.get("rows_before")
 
     def state_key(self) -> str:
         return f"CSVLogger:{self.filename}"
@@ -53,8 +62,16 @@ class CSVLogger(Callback):
         resume = getattr(self.model, "resume_epoch", None)
         if resume is not None:  # keep the rows of the epochs the backup holds
             self._keep_rows_before(resume)
-        elif not self.append and os.path.exists(self.filename):
+            return
+        if not self.append and os.path.exists(self.filename):
             os.remove(self.filename)
+        self._rows_before = self._data_rows()
+
+    def _data_rows(self) -> int:
+        if not os.path.exists(self.filename):
+            return 0
+        with open(self.filename, newline="") as handle:
+            return max(len([row for row in csv.reader(handle, delimiter=self.separator) if row]) - 1, 0)
 
     def _keep_rows_before(self, epoch: int) -> None:
         if not os.path.exists(self.filename):
@@ -63,7 +80,9 @@ class CSVLogger(Callback):
             rows = list(csv.reader(handle, delimiter=self.separator))
         if not rows or rows[0][:1] != ["epoch"]:
             return
-        kept = [rows[0]] + [row for row in rows[1:] if row and row[0].isdigit() and int(row[0]) < epoch]
+        earlier = self._rows_before or 0  # an earlier run's rows (append=True), kept whatever their epochs
+        rows = [row for row in rows if row]
+        kept = rows[:1 + earlier] + [row for row in rows[1 + earlier:] if row[0].isdigit() and int(row[0]) < epoch]
         if len(kept) == len(rows):
             self._keys = rows[0][1:]
             return

@@ -234,3 +234,28 @@ def test_a_regularised_layers_rate_can_be_monitored():
     trainer = ef.Trainer(_trainer().model, regularizers=[FiringRateRegularizer(target=0.1, strength=1.0)])
     history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[stopper])
     assert stopper.best == min(history.history["rate_layers.1"])
+
+
+def test_a_resumed_run_keeps_the_rows_an_earlier_fit_appended(tmp_path):
+    """CSVLogger(append=True) + BackupAndRestore: the resume dropped every row whose epoch
+    was at or after the resumed one, an earlier fit's rows too (8 rows became 6)."""
+    x, y = _data(16)
+    log = str(tmp_path / "log.csv")
+    _trainer().fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[CSVLogger(log)])
+
+    class Crash(Callback):
+        armed = True
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2 and Crash.armed:
+                Crash.armed = False
+                raise KeyboardInterrupt
+
+    def callbacks():
+        return [CSVLogger(log, append=True), BackupAndRestore(str(tmp_path / "backup")), Crash()]
+
+    with pytest.raises(KeyboardInterrupt):
+        _trainer().fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=callbacks())
+    _trainer().fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=callbacks())
+    with open(log, newline="") as handle:
+        assert [int(row["epoch"]) for row in csv.DictReader(handle)] == [0, 1, 2, 3, 0, 1, 2, 3]
