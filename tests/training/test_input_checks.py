@@ -558,3 +558,22 @@ def test_a_string_or_bool_where_a_flag_or_count_goes_is_refused(call, match):
 
 def test_update_every_takes_a_numpy_int_as_epochs_do():
     assert ef.Trainer(_model(), algo="d_rtrl", update_every=np.int64(5)).update_every == 5
+
+
+def test_a_mask_padded_in_front_warns_and_one_warm_up_for_all_does_not():
+    """Keras' pad_sequences pads in front; the model runs through the padded steps, so
+    what they hold moved the loss (0.624 with zeros, 0.679 with 3.0) without a word."""
+    import warnings
+
+    from etrace_fit.training.data import check_mask
+
+    x = np.zeros((3, 6, 2))
+    front = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]], bool)
+    with pytest.warns(UserWarning, match=r"mask: every sequence's real steps run to the last step, from steps 0 to "
+                                         r"2: padding in front\? .*padding='post'"):
+        check_mask(front, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_mask(front[:, ::-1], x)  # padded at the end
+        check_mask(np.repeat(front[:1], 3, axis=0), x)  # the same warm-up for every sequence
+        check_mask(front | np.array([1, 0, 0, 0, 0, 0], bool), x)  # a loss on chosen steps
