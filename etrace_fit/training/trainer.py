@@ -79,6 +79,29 @@ def _epoch_of_passes(read: Callable, epoch: int, steps: int, seed: int, per_pass
         yield next(current)
 
 
+def _data_starts_afresh(epoch: int, first_epoch: int, steps: int | None, per_pass: int | None,
+                        once: bool) -> bool:
+    """Whether epoch ``epoch`` reads the data from its start (where a stateful trainer's
+    streams start afresh): always, but where ``steps_per_epoch`` makes it go on where the
+    last epoch ended, mid-pass in arrays (``_epoch_of_passes``) or in an iterator read
+    once. Resetting there cut every stream at each epoch while its data went on."""
+    if steps is None:
+        return True
+    if per_pass is not None:
+        return steps >= per_pass or (epoch * steps) % per_pass == 0
+    return not once or epoch == first_epoch
+
+
+def _check_stateful_passes(stateful: bool, steps: int | None, per_pass: int | None) -> None:
+    """With ``stateful=True`` and arrays read ``steps_per_epoch`` batches at a time, a pass
+    of the data (where the streams start afresh) must start at an epoch's start."""
+    if stateful and steps is not None and per_pass is not None and steps < per_pass and per_pass % steps:
+        raise ConfigError(
+            f"stateful=True with steps_per_epoch={steps}: a pass of the arrays is {per_pass} batches, so a pass "
+            f"would start inside an epoch, where the streams start afresh; give steps_per_epoch dividing {per_pass}, "
+            f"or at least {per_pass}")
+
+
 def _first_batch_ahead(data: Iterator) -> Iterator:
     """``data`` with its first batch read now (an empty iterable raises here, before the
     epoch's first step), then the rest as they come."""
@@ -775,20 +798,24 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         validation_steps, validation_batch_size = validation_reading
         if validation is not None and not isinstance(validation, Arrays) and read_once(validation):
             validation = iter(validation)  # read on across validations (validation_steps)
+        per_pass = None
+        if is_array:
+            per_pass = len(x) // batch_size if drop_remainder else -(-len(x) // batch_size)
+        _check_stateful_passes(self.stateful, steps_per_epoch, per_pass)
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
             initial_epoch = max(initial_epoch, self.resume_epoch)
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
-            self.reset_states()  # stateful: every epoch reads the streams from their start
+            if _data_starts_afresh(epoch, initial_epoch, steps_per_epoch, per_pass, read_once(x)):
+                self.reset_states()  # stateful: an epoch that reads the data from its start, the streams too
             hooks.on_epoch_begin(epoch, {})
             records = []  # per batch: (size, loss, metrics, finite) as device values until the epoch ends
             running = RunningMeans(records)  # the batch logs' running means, as Keras gives them
             read = functools.partial(batches, x, y, batch_size=batch_size, shuffle=shuffle,
                                      drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
             if steps_per_epoch is not None and is_array:  # Keras: the next epoch goes on where this one ended
-                data = _epoch_of_passes(read, epoch, steps_per_epoch, self.seed,
-                                        len(x) // batch_size if drop_remainder else -(-len(x) // batch_size))
+                data = _epoch_of_passes(read, epoch, steps_per_epoch, self.seed, per_pass)
             else:
                 data = read(seed=self.seed + epoch)
                 if steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
