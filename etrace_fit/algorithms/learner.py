@@ -60,8 +60,12 @@ class LearnerState(NamedTuple):
 @contextlib.contextmanager
 def _states_at(model: Any, batch_size: int):
     """The model's hidden states reset at ``batch_size`` inside the block, restored after
-    (reading initial values or tracing at another batch size leaves the model as it was)."""
+    (reading initial values or tracing at another batch size leaves the model as it was),
+    brainstate's global random key too: a random initial state drew from it, so a run on
+    a mesh (which reads the states' batch axes this way) trained from other draws than
+    the same run on one device."""
     saved = {path: state.value for path, state in model.states().items()}
+    key = brainstate.random.get_key()
     try:
         with jax.ensure_compile_time_eval():  # concrete values, also inside a user's jax.jit
             brainstate.nn.reset_all_states(model, batch_size=batch_size)
@@ -70,6 +74,7 @@ def _states_at(model: Any, batch_size: int):
         for path, state in model.states().items():
             if path in saved:
                 state.value = saved[path]
+        brainstate.random.set_key(key)
 
 
 @dataclasses.dataclass(frozen=True)

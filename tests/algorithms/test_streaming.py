@@ -272,3 +272,37 @@ def test_an_epoch_that_goes_on_mid_stream_carries_the_streams():
     # a pass of 4 batches read 3 at a time would start inside the second epoch
     with pytest.raises(ConfigError, match=r"stateful=True with steps_per_epoch=3: a pass of the arrays is 4 batches"):
         trainer().fit(chunks_x, chunks_y, batch_size=B, epochs=2, steps_per_epoch=3, shuffle=False, verbose=0)
+
+
+def test_reading_the_states_at_another_batch_size_draws_nothing_from_the_global_key():
+    """A mesh reads the hidden states' batch axes by resetting the model at twice the batch
+    size: a random initial state drew from brainstate's global key there, so a run on a
+    mesh (mesh=1 too) trained from other initial states than on one device (weights
+    1.9e-2 off after one epoch)."""
+    from etrace_fit.algorithms.learner import _states_at
+
+    class Noisy(L.Neuron):
+        def __init__(self, n):
+            super().__init__(n)
+            self.hidden("V", init=brainstate.nn.init.Uniform(0, 1))
+
+        def update(self, x):
+            self.V.value = 0.8 * self.V.value + x
+            return jnp.tanh(self.V.value)
+
+    def run(mesh):
+        brainstate.random.seed(0)
+        model = ef.Sequential(L.Linear(I, N), Noisy(N), L.Linear(N, O))
+        trainer = ef.Trainer(model, algo="bptt", optimizer=optax.sgd(0.5), loss="mse", metrics=[], loss_on="all",
+                             mesh=mesh)
+        x, y = _trainer_data()
+        trainer.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=B, epochs=1, shuffle=False,
+                    verbose=0)
+        return model, trainer.get_weights()
+
+    model, one = run(None)
+    _close(run(1)[1], one, rtol=0, atol=1e-15)
+    before = np.asarray(jax.random.key_data(brainstate.random.get_key()))
+    with _states_at(model, 2 * B):
+        pass
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(brainstate.random.get_key())), before)
