@@ -145,10 +145,13 @@ class Placement:
         if batch % self.size:
             lower, upper = batch // self.size * self.size, -(-batch // self.size) * self.size
             choices = f"{lower} or {upper}" if lower else f"{upper}"
+            # drop_remainder applies to arrays fit splits (``what`` None), not to batches given as they are
+            short = "drop_remainder=True for a short last batch" if what is None else \
+                "batches cut to such sizes (drop or pad a short last one)"
             what = what or f"batch_size {batch}"
             raise ConfigError(f"{what} does not split evenly over the {self.size} devices of the mesh's "
                               f"{BATCH_AXIS!r} axis: use a batch size that is a multiple of {self.size} (e.g. "
-                              f"{choices}), drop_remainder=True for a short last batch, or fewer devices")
+                              f"{choices}), {short}, or fewer devices")
 
     def local_batch(self, batch: int) -> int:
         """Samples per device."""

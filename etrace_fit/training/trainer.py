@@ -79,6 +79,21 @@ def _epoch_of_passes(read: Callable, epoch: int, steps: int, seed: int, per_pass
         yield next(current)
 
 
+def _listed_batch_sizes(data: Any, time_major: bool) -> list[int] | None:
+    """The sizes of a list (or tuple) of batches, read off each batch's first input
+    array; ``None`` for another iterable or a batch of another form."""
+    if not isinstance(data, (list, tuple)):
+        return None
+    sizes = []
+    for batch in data:
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+        leaves = jax.tree.leaves(first)
+        if not leaves or np.ndim(leaves[0]) < 2:
+            return None
+        sizes.append(int(np.shape(leaves[0])[1 if time_major else 0]))
+    return sizes
+
+
 def _data_starts_afresh(epoch: int, first_epoch: int, steps: int | None, per_pass: int | None,
                         once: bool) -> bool:
     """Whether epoch ``epoch`` reads the data from its start (where a stateful trainer's
@@ -740,7 +755,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         elif steps_per_epoch is not None:
             steps = steps_per_epoch
         if self._placement is not None:
-            self._check_split(batch_size, np.shape(x)[0] if is_array else None, drop_remainder)
+            self._check_split(batch_size, np.shape(x)[0] if is_array else None, drop_remainder,
+                              None if is_array else _listed_batch_sizes(x, self.time_major))
             if not is_main_process():  # one process prints
                 verbose = 0
         if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -776,11 +792,23 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         keys = ["loss", *self.metric_fns] + (["learning_rate"] if self.learning_rate_settable else [])
         return keys + ([f"val_{key}" for key in ["loss", *self.metric_fns]] if validated else [])
 
-    def _check_split(self, batch_size: int, size: int | None, drop_remainder: bool) -> None:
-        """:class:`ConfigError` before training when a batch of array data would not
-        split evenly over the mesh's devices."""
-        self._placement.check_batch(batch_size)
-        last = 0 if size is None or drop_remainder else size % batch_size
+    def _check_split(self, batch_size: int, size: int | None, drop_remainder: bool,
+                     listed: list[int] | None = None) -> None:
+        """:class:`ConfigError` before training when a batch would not split evenly over
+        the mesh's devices: of array data (``size`` samples), or of a list of batches
+        (``listed``, their sizes; an iterator's batches are checked as they come).
+        ``batch_size`` matters only for arrays it splits (a list of batches of 6 on 3
+        devices was refused for the unused default of 32)."""
+        if listed is not None:
+            for position, batch in enumerate(listed):
+                if batch % self._placement.size:
+                    self._placement.check_batch(batch, f"batch {position} of the list ({batch} sequences)")
+            return
+        if size is None:
+            return
+        if size >= batch_size:
+            self._placement.check_batch(batch_size)
+        last = 0 if drop_remainder else size % batch_size
         devices = self._placement.size
         if last % devices:  # then size % devices too: no batch size (all multiples of devices) splits them all
             fewer = max(d for d in range(1, devices) if size % d == 0)

@@ -226,6 +226,15 @@ def errors():
     reference = ef.Trainer(build(gru))
     reference.set_weights(trainer.get_weights())
     out["evaluate_short_batch_one"] = reference.evaluate(x, y, batch_size=8, verbose=0)
+    # batch_size is checked where it splits arrays: a list of batches of 6, or one batch of 12
+    # samples under the default of 32, on 3 devices trained only with a dummy batch_size
+    listed = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 24, 6)]
+    ef.Trainer(build(gru), mesh=3).fit(listed, epochs=1, verbose=0)
+    ef.Trainer(build(gru), mesh=3).fit(x[:12], y[:12], epochs=1, verbose=0)
+    out["listed_and_one_batch_train"] = True
+    # a list whose last batch does not split: refused before the first batch trains
+    out["listed_short_batch"] = failure(lambda: ef.Trainer(build(gru), mesh=4),
+                                        lambda t: t.fit([(x[:8], y[:8]), (x[8:11], y[8:11])], epochs=1, verbose=0))
     return out
 
 

@@ -104,6 +104,11 @@ def test_bad_meshes_and_batches_fail_before_training_naming_the_numbers(runs):
     assert "no batch size would: 26 is not a multiple of 4" in last["error"] and "(mesh=2)" in last["error"]
     assert last["unchanged"] is True
     assert errors["drop_remainder_trains"] is True
+    assert errors["listed_and_one_batch_train"] is True
+    listed = errors["listed_short_batch"]
+    assert listed["error"].startswith("batch 1 of the list (3 sequences) does not split evenly over the 4 devices")
+    assert "drop_remainder" not in listed["error"] and "drop or pad a short last one" in listed["error"]
+    assert listed["unchanged"] is True
 
 
 def test_evaluation_of_a_batch_that_does_not_split_runs_replicated(runs):
