@@ -5,6 +5,7 @@ it or the passes are made to miss."""
 from __future__ import annotations
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -114,3 +115,11 @@ def test_it_runs_by_default_on_a_model_with_a_class_from_outside_the_library(mon
     assert wants_check(library_only, None)
     monkeypatch.setenv("ETRACE_FIT_VERIFY", "0")
     assert not wants_check(custom, None)
+
+
+def test_it_stands_aside_where_the_values_are_traced(env64):
+    """Compiled inside a user's jit (the functional API), states and inputs are tracers:
+    there is no point to evaluate at, and the check crashed on them."""
+    graph = compiled("two_lif")
+    out = jax.jit(lambda x: (numerical_check(graph.module, graph.hidden_groups, graph.relations, (), [x]), x)[1])
+    np.testing.assert_array_equal(out(jnp.ones((B, I))), jnp.ones((B, I)))
