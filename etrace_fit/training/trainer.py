@@ -293,6 +293,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.resume_epoch: int | None = None
         self.algo, self.decay, self.loss_on = algo, decay, loss_on
         self.time_major, self.seed, self.update_every = time_major, seed, update_every
+        self._epochs_run = 0  # epochs trained by every fit so far: the next fit's shuffles go on from them
         self.memory_budget, self.trace_dtype = memory_budget, trace_dtype
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
@@ -833,6 +834,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
             initial_epoch = max(initial_epoch, self.resume_epoch)
+        # Shuffles go on from the epochs this trainer ran when a fit numbers its epochs from 0
+        # (Keras shuffles anew at every fit: three fit(epochs=1) calls read one order three
+        # times); a fit from initial_epoch (a resume) shuffles as its epochs' numbers say.
+        seed = self.seed + (self._epochs_run if initial_epoch == 0 else 0)
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
             if _data_starts_afresh(epoch, initial_epoch, steps_per_epoch, per_pass, read_once(x)):
@@ -843,9 +848,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             read = functools.partial(batches, x, y, batch_size=batch_size, shuffle=shuffle,
                                      drop_remainder=drop_remainder, sample_weight=sample_weight, mask=mask)
             if steps_per_epoch is not None and is_array:  # Keras: the next epoch goes on where this one ended
-                data = _epoch_of_passes(read, epoch, steps_per_epoch, self.seed, per_pass)
+                data = _epoch_of_passes(read, epoch, steps_per_epoch, seed, per_pass)
             else:
-                data = read(seed=self.seed + epoch)
+                data = read(seed=seed + epoch)
                 if steps_per_epoch is not None:  # no batch more is read: an iterator goes on where the epoch ended
                     data = itertools.islice(data, steps_per_epoch)
             try:
@@ -902,6 +907,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self.epoch = epoch
             self._push()  # the model is current at every epoch's end
             self._check_norms(epoch)
+            self._epochs_run += 1
             hooks.on_epoch_end(epoch, epoch_logs)
             self._last_epoch_logs = epoch_logs
             if verbose == 2:

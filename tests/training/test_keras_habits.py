@@ -370,3 +370,28 @@ def test_evaluate_and_predict_report_as_keras_does_at_verbose_1_and_2(capsys):
     trainer.evaluate(x, y, verbose=0)
     trainer.predict(x, verbose=0)
     assert capsys.readouterr() == ("", "")
+
+
+def test_each_fit_shuffles_anew_as_keras_does():
+    """Three fit(epochs=1) calls read the one order of seed + 0 three times (Keras shuffles
+    at every fit); now they read what fit(epochs=3) reads, and a resume from
+    initial_epoch reads its epochs' orders."""
+    x, y = _data(24)
+
+    def trainer():
+        return ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.1), seed=3)
+
+    thrice = trainer()
+    for _ in range(3):
+        thrice.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    once = trainer()
+    once.fit(x, y, batch_size=8, epochs=3, verbose=0)
+    _assert_trees_close(_weights(thrice), _weights(once), rtol=1e-6, atol=1e-7)
+    resumed = trainer()
+    resumed.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    resumed.fit(x, y, batch_size=8, epochs=3, initial_epoch=1, verbose=0)
+    _assert_trees_close(_weights(resumed), _weights(once), rtol=1e-6, atol=1e-7)
+    same = trainer()
+    for _ in range(3):
+        same.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert not np.allclose(jax.tree.leaves(_weights(same))[0], jax.tree.leaves(_weights(once))[0])
