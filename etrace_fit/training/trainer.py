@@ -927,7 +927,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         with _states_at(self._model, xs.shape[1]):
             if self.learner is None:
                 with warnings.catch_warnings():
-                    warnings.simplefilter("once", UserWarning)
+                    # after the user's filters (append): "once" ahead of them overrode a user's
+                    # simplefilter("ignore" / "error", ef.ApproximationWarning)
+                    warnings.filterwarnings("once", category=UserWarning, append=True)
                     _check_batch_axis(self._model, jax.tree.leaves(xs))
                     self.learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo,
                                                    decay=self.decay, memory_budget=self.memory_budget,

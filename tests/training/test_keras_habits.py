@@ -395,3 +395,23 @@ def test_each_fit_shuffles_anew_as_keras_does():
     for _ in range(3):
         same.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     assert not np.allclose(jax.tree.leaves(_weights(same))[0], jax.tree.leaves(_weights(once))[0])
+
+
+def test_a_users_filter_on_approximation_warnings_holds_inside_fit():
+    """fit compiled under a "once" filter for every UserWarning put ahead of the user's:
+    simplefilter("ignore" / "error", ApproximationWarning) did nothing inside fit."""
+    import warnings
+
+    x, y = _data(8)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ef.ApproximationWarning)
+        ef.Trainer(_model(), algo="esd_rtrl").fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert not [w for w in seen if issubclass(w.category, ef.ApproximationWarning)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ef.ApproximationWarning)
+        trainer = ef.Trainer(_model(), algo="esd_rtrl")
+        before = _weights(trainer)
+        with pytest.raises(ef.ApproximationWarning, match="ES-D-RTRL factorises its trace"):
+            trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    _assert_trees_close(_weights(trainer), before, rtol=0, atol=0)
