@@ -271,12 +271,13 @@ class Evaluation:
         hooks.on_test_end(result)
         return result
 
-    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False,
+                      mask: Any = None) -> Any:
         """Loss and metrics of one batch without an update, as Keras'
-        ``test_on_batch``: from reset states, or for a stateful trainer from its
+        ``test_on_batch`` (``mask (batch, time)`` with ``loss_on="mask"``): from reset states, or for a stateful trainer from its
         streams' current states (which it leaves where they were: the streams' traces
         only follow training)."""
-        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch")
+        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch", mask)
         self._ensure_states(xs.shape[1])
         self._push()
         carry = self.stateful and self._stream is not None and self._continue_stream(xs.shape[1])

@@ -1145,6 +1145,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         is trained; with a mesh the step is the sharded one (docs/scaling.md)."""
         check_count(batch_size, "batch_size")
         batch = Batch(*(np.asarray(a)[:batch_size] if a is not None else None for a in (x, y)))
+        if self.loss_on == "mask":  # the program is the same whatever steps the mask marks
+            batch = dataclasses.replace(batch, mask=np.ones(np.shape(batch.x)[:2], bool))
         xs, ys, weight = self._time_major(batch, False)
         self._ensure_states(xs.shape[1])
         self._sync.refresh()
@@ -1177,11 +1179,21 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             entry = self._axes[id(compiled.program)] = (compiled.program, self._batch_axes(compiled))
         return entry[1]
 
-    def _one_batch(self, x: Any, y: Any, sample_weight: Any, class_weight: Any, name: str):
-        """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major."""
-        data = self._as_data((x, y), name)
+    def _one_batch(self, x: Any, y: Any, sample_weight: Any, class_weight: Any, name: str, mask: Any = None):
+        """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major;
+        ``mask`` the steps ``loss_on="mask"`` places the loss on (as ``x``: batch-major,
+        or time-major with ``time_major=True``)."""
+        if mask is not None and self.loss_on != "mask":
+            raise ConfigError(f"{name}: mask was given but loss_on={self.loss_on!r} ignores it; use "
+                              f"Trainer(loss_on='mask') to average the loss over the marked steps")
+        data = self._as_data((x, y) if mask is None else (x, y, mask), name)
         if not isinstance(data, Arrays):
-            raise ConfigError(f"{name} takes arrays x (and y)")
+            raise ConfigError(f"{name} takes arrays x (and y, and mask=)")
+        if data.mask is not None:
+            check_mask(data.mask, data.x, f"{name}: mask")
+        elif self.loss_on == "mask":
+            raise ConfigError(f"{name}: loss_on='mask' places the loss on the steps a mask marks; pass "
+                              f"{name}(x, y, mask=mask) with mask (batch, time)")
         check_finite(data.x)
         if sample_weight is not None:
             sample_weight = check_weights(sample_weight, data.x)
@@ -1194,13 +1206,14 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         return xs, ys, loss_weight(batch, ys, weight, table, False), weight
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None,
-                       return_dict: bool = False) -> Any:
+                       return_dict: bool = False, mask: Any = None) -> Any:
         """One update on one batch, as Keras' ``train_on_batch``: the loss (and metrics:
-        a list ``[loss, *metrics]``, or a dict with ``return_dict``). With
+        a list ``[loss, *metrics]``, or a dict with ``return_dict``); ``mask (batch,
+        time)`` with ``loss_on="mask"``. With
         ``stateful=True`` consecutive calls continue the same streams — hidden states
         and eligibility traces carry — so a stream fed in chunks learns online; call
         :meth:`reset_states` between streams."""
-        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch")
+        xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, class_weight, "train_on_batch", mask)
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read first
         try:

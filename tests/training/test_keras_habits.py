@@ -415,3 +415,26 @@ def test_a_users_filter_on_approximation_warnings_holds_inside_fit():
         with pytest.raises(ef.ApproximationWarning, match="ES-D-RTRL factorises its trace"):
             trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
     _assert_trees_close(_weights(trainer), before, rtol=0, atol=0)
+
+
+def test_a_mask_trainer_takes_its_mask_on_batch_calls_and_measures_its_step():
+    """With loss_on="mask" the errors said to give (x, y, mask) batches, which
+    train_on_batch / test_on_batch refused, and neither took mask=; step_memory failed."""
+    x, y = _data(8)
+    mask = np.ones(x.shape[:2], bool)
+    mask[:4, 10:] = False
+    fitted = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.1), loss_on="mask")
+    fitted.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, mask=mask)
+    by_batch = ef.Trainer(_model(), algo="bptt", optimizer=optax.sgd(0.1), loss_on="mask")
+    before = by_batch.test_on_batch(x, y, mask=mask)
+    by_batch.train_on_batch(x, y, mask=mask)
+    _assert_trees_close(_weights(by_batch), _weights(fitted), rtol=1e-6, atol=1e-7)
+    assert by_batch.test_on_batch(x, y, mask=mask) != before
+    assert set(by_batch.step_memory(x, y, batch_size=8)) >= {"temp", "argument"}
+    with pytest.raises(ConfigError, match=r"train_on_batch: loss_on='mask' places the loss on the steps a mask marks; "
+                                          r"pass train_on_batch\(x, y, mask=mask\)"):
+        by_batch.train_on_batch(x, y)
+    with pytest.raises(ShapeError, match=r"test_on_batch: mask must have shape \(8, 12\)"):
+        by_batch.test_on_batch(x, y, mask=mask[:, :5])
+    with pytest.raises(ConfigError, match=r"train_on_batch: mask was given but loss_on='last' ignores it"):
+        ef.Trainer(_model()).train_on_batch(x, y, mask=mask)
