@@ -202,7 +202,16 @@ class Decay:
     def __call__(self, tau: Any) -> jax.Array:
         ratio = self.dt / tau
         if not u.get_unit(ratio).is_unitless:
-            raise ConfigError(f"dt ({self.dt}) and tau ({u.get_unit(tau)}) must be in the same unit")
+            # the value, not the word "tau": ALIF's tau_a without a unit beside tau in ms was reported as tau
+            mantissa = u.get_mantissa(tau)
+            if isinstance(mantissa, jax.core.Tracer):  # learned: traced
+                shown = f"of unit {u.get_unit(tau)}"
+            else:
+                values = np.unique(np.asarray(mantissa))
+                shown = (f"{values[0]:g}" if values.size == 1 else f"{values.tolist()}") + (
+                    f" {u.get_unit(tau)}" if not u.get_unit(tau).is_unitless else " (a plain number)")
+            raise ConfigError(f"dt ({self.dt}) and the time constant {shown} must be in the same unit (give every "
+                              f"time constant in dt's unit, or all as plain numbers of steps)")
         return jnp.exp(-u.get_mantissa(ratio))
 
 

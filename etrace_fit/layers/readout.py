@@ -102,7 +102,8 @@ class LeakySpikeReadout(_ReadoutBase):
                  surrogate_scale: float | None = None, detach_reset: bool = False, w_init: Any = None,
                  b_init: Any = None, with_bias: bool = True, learn_tau: bool = False, name: str | None = None):
         super().__init__(in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name)
-        check_membrane_args(f"LeakySpikeReadout({in_size}, {out_size})", reset, v_threshold, v_reset)
+        v_threshold, v_reset = check_membrane_args(f"LeakySpikeReadout({in_size}, {out_size})", reset, v_threshold,
+                                                   v_reset, (out_size,))
         self.v_threshold, self.v_reset, self.reset = v_threshold, v_reset, reset
         self.surrogate = get_surrogate(surrogate, surrogate_scale)
         self.detach_reset = detach_reset

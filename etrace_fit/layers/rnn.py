@@ -189,8 +189,9 @@ class URLSTMCell(_Cell):
 
     ``b_f`` starts at ``σ⁻¹(p)`` with ``p`` spread evenly over ``(1/max_timescale,
     1 − 1/max_timescale)`` across units (the deterministic form of the uniform
-    initialisation), so the cell starts with memories from one step to
-    ``max_timescale`` steps; ``b_r`` starts at ``−b_f``. Online: the gates read ``h``,
+    initialisation) and ``b_r`` at ``−b_f``, so the effective gate ``g`` starts with
+    memories ``1/(1 − g)`` from one step to about ``max_timescale / 2`` steps (``f``
+    alone would reach ``max_timescale``; the refine gate halves the top end). Online: the gates read ``h``,
     so like the LSTM it is approximate under D-RTRL (per-unit part of the Jacobian).
 
     Shapes: ``x: (B, in_size)`` → ``h: (B, hidden_size)``; states ``h``, ``c``; each

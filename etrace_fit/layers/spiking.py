@@ -25,10 +25,18 @@ __all__ = ["ALIF", "IF", "LIF", "RecurrentALIF", "RecurrentLIF", "check_membrane
 _RESETS = ("soft", "hard")
 
 
-def check_membrane_args(layer: str, reset: str, v_threshold: float, v_reset: float) -> None:
-    """Raise :class:`ConfigError` for an unknown reset or a threshold not above reset."""
+def check_membrane_args(layer: str, reset: str, v_threshold: Any, v_reset: Any,
+                        shape: tuple | None = None) -> tuple[Any, Any]:
+    """Raise :class:`ConfigError` for an unknown reset, a threshold not above reset, a
+    value with a unit (the membrane is unitless), or per-unit values (a list or array)
+    that do not fit the layer's ``shape``; return ``(v_threshold, v_reset)`` as floats
+    or float arrays (a list was kept as given and failed at the first step)."""
     if reset not in _RESETS:
         raise ConfigError(f"{layer}: reset must be one of {_RESETS}, got {reset!r}")
+    for name, value in (("v_threshold", v_threshold), ("v_reset", v_reset)):
+        if isinstance(value, u.Quantity) and not u.get_unit(value).is_unitless:
+            raise ConfigError(f"{layer}: {name} must be a plain number (the membrane is unitless, in the input's "
+                              f"scale), got {value!r}")
     try:
         if isinstance(v_threshold, (str, bytes)) or isinstance(v_reset, (str, bytes)):
             raise TypeError
@@ -40,6 +48,25 @@ def check_membrane_args(layer: str, reset: str, v_threshold: float, v_reset: flo
         raise ConfigError(f"{layer}: v_threshold and v_reset must be finite, got {v_threshold!r} and {v_reset!r}")
     if not np.all(threshold > reset_to):
         raise ConfigError(f"{layer}: v_threshold ({v_threshold}) must exceed v_reset ({v_reset})")
+    return tuple(per_unit(layer, name, value, shape)
+                 for name, value in (("v_threshold", threshold), ("v_reset", reset_to)))
+
+
+def per_unit(layer: str, name: str, value: np.ndarray, shape: tuple | None) -> Any:
+    """``value`` as a float (one number) or a float array that broadcasts to the units
+    ``shape`` (else :class:`ConfigError`: a threshold per unit of another size failed in
+    the first step with JAX's broadcasting error)."""
+    if value.ndim == 0:
+        return float(value)
+    if shape is not None:
+        try:
+            fits = np.broadcast_shapes(value.shape, tuple(shape)) == tuple(shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ConfigError(f"{layer}: {name} has shape {value.shape}, which does not fit the layer's units "
+                              f"{tuple(shape)}: give one number, or one per unit")
+    return value.astype(brainstate.environ.dftype())  # float64 beside a float32 membrane would widen it
 
 
 def _gated(z: Any, gate: Any) -> Any:
@@ -79,7 +106,8 @@ class _SpikingBase(Neuron):
                  detach_reset, learn_tau, state_init, name, refractory=0):
         super().__init__(size, name=name)
         shape = self.shape
-        check_membrane_args(f"{type(self).__name__}({size})", reset, v_threshold, v_reset)
+        v_threshold, v_reset = check_membrane_args(f"{type(self).__name__}({size})", reset, v_threshold, v_reset,
+                                                   shape)
         if isinstance(refractory, bool) or not isinstance(refractory, int) or refractory < 0:
             raise ConfigError(f"{type(self).__name__}({size}): refractory must be an int >= 0 (time steps after a "
                               f"spike during which the neuron cannot fire), got {refractory!r}")
@@ -152,7 +180,8 @@ class LIF(_SpikingBase):
             :class:`~etrace_fit.layers.surrogate.Surrogate`; surrogate_scale overrides its scale.
         detach_reset: stop the gradient through the reset term.
         learn_tau: learn ``τ`` per neuron (through the elementwise ETP op).
-        state_init: initializer of ``V``.
+        state_init: initializer of ``V`` (the potential before reset: a value above the
+            threshold counts as a spike at step −1, reset in the first step).
         refractory: time steps after a spike during which the neuron cannot fire
             (0: none). ``V`` keeps integrating; the spike and its surrogate gradient are
             0 while refractory (e-prop's convention); an ``int32`` hidden state
@@ -200,7 +229,7 @@ class IF(LIF):
 
         brainstate.environ.set(dt=1.0)
         neurons = IF(100); brainstate.nn.init_all_states(neurons, batch_size=8)
-        z = neurons(jnp.full((8, 100), 0.3))   # fires every fourth step
+        z = neurons(jnp.full((8, 100), 0.3))   # fires every 3-4 steps (the reset keeps the rest)
     """
 
     def __init__(self, size: int, *, v_threshold: float = 1.0, v_reset: float = 0.0, reset: str = "soft",
@@ -262,7 +291,7 @@ class ALIF(_SpikingBase):
         if isinstance(beta, bool) or np.asarray(beta).dtype.kind not in "iuf" or not np.all(np.isfinite(beta)):
             raise ConfigError(f"{type(self).__name__}({size}): beta (the adaptation strength) must be a finite "
                               f"number, got {beta!r}")
-        self.beta = beta
+        self.beta = per_unit(f"{type(self).__name__}({size})", "beta", np.asarray(beta, dtype=float), self.shape)
         self.hidden("a", init=0.0)
 
     def update(self, x: Any) -> jax.Array:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
+import saiunit as u
 
 from ..errors import ConfigError
 from .base import Neuron, check_trailing_shape, decay, time_constant
@@ -59,8 +60,16 @@ class DualExpSynapse(Neuron):
     def __init__(self, size: Any, *, tau_rise: Any = 1.0, tau_decay: Any = 5.0, learn_tau: bool = False,
                  name: str | None = None):
         super().__init__(size, name=name)
-        if not float(jnp.max(jnp.asarray(tau_rise))) < float(jnp.min(jnp.asarray(tau_decay))):
-            raise ConfigError(f"DualExpSynapse({size}): tau_rise ({tau_rise}) must be below tau_decay ({tau_decay})")
+        # unit by unit, in one unit (the largest rise against the smallest decay refused
+        # tau_rise=[1, 4], tau_decay=[3, 8]; jnp.asarray of 1 ms raised a bare TypeError)
+        try:
+            ratio = (tau_rise if isinstance(tau_rise, u.Quantity) else np.asarray(tau_rise, dtype=float)) / (
+                tau_decay if isinstance(tau_decay, u.Quantity) else np.asarray(tau_decay, dtype=float))
+        except (TypeError, ValueError):
+            ratio = None  # not numbers or not of one shape: time_constant names which
+        if ratio is not None and u.get_unit(ratio).is_unitless and not np.all(np.asarray(u.get_mantissa(ratio)) < 1):
+            raise ConfigError(f"DualExpSynapse({size}): tau_rise ({tau_rise}) must be below tau_decay ({tau_decay}) "
+                              f"for every unit")
         self.tau_rise = time_constant(self, tau_rise, self.shape, learn_tau, "tau_rise")
         self.tau_decay = time_constant(self, tau_decay, self.shape, learn_tau, "tau_decay")
         self.hidden("r", init=0.0)

@@ -384,3 +384,26 @@ def test_units_mismatch_raises():
         brainstate.nn.init_all_states(lif)
         with pytest.raises(ConfigError, match="unit"):
             lif(jnp.ones(3))
+
+
+def test_per_unit_thresholds_and_beta_are_checked_against_the_units_and_run(env64):
+    """A list threshold, one of the wrong length, one with a unit, a list beta: all built,
+    then failed at the first step with Python's or JAX's error naming no layer."""
+    import saiunit as u
+
+    for bad, match in [(dict(v_threshold=np.ones(N + 1)), rf"LIF\({N}\): v_threshold has shape \({N + 1},\), which "
+                                                           rf"does not fit the layer's units \({N},\)"),
+                       (dict(v_threshold=1 * u.mV, v_reset=0 * u.mV), r"v_threshold must be a plain number"),
+                       (dict(v_reset=[0.0, 0.1]), r"v_reset has shape \(2,\)")]:
+        with pytest.raises(ConfigError, match=match):
+            L.LIF(N, **bad)
+    with pytest.raises(ConfigError, match=rf"ALIF\({N}\): beta has shape \(3,\)"):
+        L.ALIF(N, beta=[0.1] * 3)
+    thresholds = [0.5 + 0.1 * n for n in range(N)]
+    listed, arrayed = L.LIF(N, v_threshold=thresholds), L.LIF(N, v_threshold=np.asarray(thresholds))
+    alif = L.ALIF(N, beta=[0.2] * N)
+    for layer in (listed, arrayed, alif):
+        brainstate.nn.init_all_states(layer, batch_size=B)
+    x = jnp.linspace(0.2, 1.0, B * N).reshape(B, N)
+    np.testing.assert_array_equal(listed(x), arrayed(x))
+    assert alif(x).shape == (B, N)

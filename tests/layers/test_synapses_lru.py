@@ -180,3 +180,25 @@ def test_bad_arguments_name_the_layer():
         brainstate.nn.init_all_states(lru, batch_size=2)
         with pytest.raises(ShapeError, match="LRU\\(3, 4, 3\\).*3 features"):
             lru(jnp.ones((2, 5)))
+
+
+def test_dual_exp_time_constants_are_compared_unit_by_unit_and_in_one_unit():
+    """tau_rise=[1, 4], tau_decay=[3, 8] was refused (largest rise against smallest decay),
+    and 1 ms / 5 ms raised a bare TypeError."""
+    import saiunit as u
+
+    with brainstate.environ.context(dt=1.0):
+        L.DualExpSynapse(2, tau_rise=[1.0, 4.0], tau_decay=[3.0, 8.0])
+        with pytest.raises(ConfigError, match=r"DualExpSynapse\(2\): tau_rise .* must be below tau_decay .* for every"):
+            L.DualExpSynapse(2, tau_rise=[1.0, 9.0], tau_decay=[3.0, 8.0])
+    with brainstate.environ.context(dt=1.0 * u.ms):
+        synapse = L.DualExpSynapse(2, tau_rise=1.0 * u.ms, tau_decay=5.0 * u.ms)
+        plain = L.DualExpSynapse(2, tau_rise=1.0, tau_decay=5.0)
+        with pytest.raises(ConfigError, match=r"must be below tau_decay"):
+            L.DualExpSynapse(2, tau_rise=0.01 * u.second, tau_decay=5.0 * u.ms)
+    with brainstate.environ.context(dt=1.0 * u.ms):
+        brainstate.nn.init_all_states(synapse, batch_size=1)
+        out = [np.asarray(synapse(np.ones((1, 2)))) for _ in range(3)]
+    with brainstate.environ.context(dt=1.0):
+        brainstate.nn.init_all_states(plain, batch_size=1)
+        np.testing.assert_allclose(out, [np.asarray(plain(np.ones((1, 2)))) for _ in range(3)], rtol=1e-6)
