@@ -361,14 +361,19 @@ def loss_weight(batch: Batch, ys: np.ndarray, weight: np.ndarray, class_weight: 
                              f"{tuple(sample_weight.shape)}")
     if class_weight is not None:
         labels = np.asarray(ys)
-        labels = np.argmax(labels, axis=-1) if np.issubdtype(labels.dtype, np.floating) else labels  # one-hot
+        # one-hot rows (a trailing class axis beyond one label per step and sequence), of any dtype:
+        # integer one-hot was read as labels and failed in a reshape
+        extra_axis = labels.ndim >= 1 and labels.size != steps * size and labels.size == steps * size * labels.shape[-1]
+        if np.issubdtype(labels.dtype, np.floating) or extra_axis:
+            labels = np.argmax(labels, axis=-1)
         weight = weight * class_weight[np.asarray(labels, np.int64).reshape(steps, size)]
     return weight.astype(wdtype)
 
 
 def _one_hot(labels: np.ndarray) -> bool:
-    """Whether float ``labels`` are one-hot rows (0 / 1, one 1 per row, on the last axis)."""
-    if labels.ndim < 2 or not np.issubdtype(labels.dtype, np.floating) or labels.shape[-1] < 2:
+    """Whether ``labels`` are one-hot rows (0 / 1, one 1 per row, on the last axis; float or
+    integer)."""
+    if labels.ndim < 2 or not np.issubdtype(labels.dtype, np.number) or labels.shape[-1] < 2:
         return False
     return bool(np.isin(labels, (0.0, 1.0)).all() and (labels.sum(axis=-1) == 1).all())
 

@@ -272,13 +272,18 @@ def test_class_weight_with_one_hot_targets_and_a_class_the_model_does_not_have()
     """Keras takes class_weight with one-hot targets; here it needed integer labels. A
     class beyond the model's outputs was taken without a word."""
     x, y = _data(16)
-    one_hot = np.eye(2, dtype=np.float32)[y]
     fitted = []
-    for kwargs in (dict(class_weight={1: 3.0}), dict(sample_weight=np.where(y == 1, 3.0, 1.0).astype(np.float32))):
+    weighted = dict(sample_weight=np.where(y == 1, 3.0, 1.0).astype(np.float32))
+    # integer one-hot rows too: they were read as labels and failed in a bare numpy reshape
+    for one_hot, kwargs in [(np.eye(2, dtype=np.float32)[y], dict(class_weight={1: 3.0})),
+                            (np.eye(2, dtype=np.int32)[y], dict(class_weight={1: 3.0})),
+                            (np.eye(2, dtype=np.float32)[y], weighted)]:
         trainer = _trainer(loss="categorical_crossentropy", metrics=[])
         trainer.fit(x, one_hot, batch_size=8, epochs=1, shuffle=False, verbose=0, **kwargs)
         fitted.append(jax.tree.leaves(trainer.get_weights()))
-    for a, b in zip(*fitted):
+    for a, b in zip(*fitted[:2]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    for a, b in zip(*fitted[1:]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
     seen = _Batches()
     with pytest.raises(ConfigError, match=r"class_weight names class 5, but the model has 2 outputs \(classes 0\.\.1\)"):
