@@ -75,7 +75,7 @@ class EarlyStopping(MonitoredCallback):
             self.wait = 0 if beats_baseline else self.wait + 1
             return
         self.wait += 1
-        if self.wait >= max(self.patience, 1):
+        if self.wait >= max(self.patience, 1) and epoch > 0:  # Keras: never after the first epoch (a NaN there)
             self.stopped_epoch = epoch
             self.model.stop_training = True
             if self.verbose:

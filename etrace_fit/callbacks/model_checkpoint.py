@@ -107,8 +107,16 @@ class ModelCheckpoint(MonitoredCallback):
             self._check_monitor()
         for field in self._fields():
             Monitor("ModelCheckpoint", field).check(self.model, self._others(), what="filepath field")
+        named = {field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(self.filepath)
+                 if field}
+        if "batch" in named and not by_batch:
+            raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} names {{batch}}, but save_freq='epoch' "
+                              f"saves at epochs' ends, where there is no batch; give save_freq=<batches> or leave "
+                              f"{{batch}} out")
         try:  # with numbers where the logs will have them: a bad format spec fails now, not after an epoch
-            sample = self.filepath.format(epoch=1, batch=1, **{field: 0.5 for field in self._fields()})
+            # {batch} only where batches are saved: with save_freq="epoch" it failed after the first epoch
+            sample = self.filepath.format(epoch=1, **({"batch": 1} if by_batch else {}),
+                                          **{field: 0.5 for field in self._fields()})
         except (ValueError, IndexError, KeyError, AttributeError) as error:
             raise ConfigError(f"ModelCheckpoint: filepath {self.filepath!r} cannot be formatted with the epoch (an "
                               f"int) and the logs (floats): {type(error).__name__}: {error}; e.g. "

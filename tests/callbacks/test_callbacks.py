@@ -96,6 +96,13 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
     assert stopper.model.weights == 1
 
 
+def test_early_stopping_never_stops_after_the_first_epoch_as_keras():
+    """A NaN at epoch 0 (no improvement) with patience 1 stopped the run there; Keras
+    waits for an epoch > 0."""
+    stopper = EarlyStopping("val_loss", patience=1)
+    assert _watch(stopper, [float("nan"), 2.0, 2.5]) == 2 and stopper.stopped_epoch == 2
+
+
 def test_early_stopping_with_a_baseline_never_beaten_keeps_the_best_epochs_weights():
     """Keras 3: the best epoch is tracked (and restored) whether or not it beats the
     baseline; only the wait's restart needs that. The best started at the baseline

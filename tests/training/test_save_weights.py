@@ -97,6 +97,12 @@ def test_model_checkpoint_save_freq_saves_every_n_batches_across_epochs(tmp_path
                                           r"batches"):
         trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, validation_data=(x, y),
                     callbacks=[ModelCheckpoint(str(tmp_path / "v.ckpt"), save_freq=2, save_best_only=True)])
+    # {batch} with saves at epochs: the check formatted it with batch=1 and passed; the first save failed
+    before = jax.tree.leaves(trainer.get_weights())
+    with pytest.raises(ConfigError, match=r"names \{batch\}, but save_freq='epoch' saves at epochs' ends"):
+        trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[ModelCheckpoint(path)])
+    for a, b in zip(before, jax.tree.leaves(trainer.get_weights())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_model_checkpoint_initial_value_threshold_and_its_arguments(tmp_path):
