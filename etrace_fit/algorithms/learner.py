@@ -270,7 +270,7 @@ class Learner:
             if base is not None and _same_states(self.model, base.graph):  # the same step, traced already
                 graph = base.graph
             else:
-                _check_batch_axis(self.model, jax.tree.leaves(xs))
+                _check_batch_axis(self.model, jax.tree.leaves(xs), online=self.plan is not None)
                 example = jax.tree.map(lambda x: x[0], xs)
                 # verify=False: the step was checked when the learner was compiled; another
                 # input shape traces the same step
@@ -542,11 +542,21 @@ def _signature(tree: Any) -> tuple:
     return treedef, tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves)
 
 
-def _check_batch_axis(model, xs_leaves) -> None:
-    """xs is (T, B, ...) and every hidden state is (B, ...): say which disagrees."""
+def _check_batch_axis(model, xs_leaves, online: bool = True) -> None:
+    """xs is (T, B, ...) and every hidden state is (B, ...): say which disagrees
+    (``online``: a neuron's state without a batch axis too; BPTT takes unbatched ones)."""
     batch = jnp.shape(xs_leaves[0])[1]
+    nodes = model.nodes()
     for path, state in model.states(brainstate.HiddenState).items():
         shape = tuple(jnp.shape(jax.tree.leaves(state.value)[0]))
+        units = getattr(nodes.get(path[:-1]), "shape", None)  # a Neuron's units: its state is (B, *units)
+        if online and isinstance(units, tuple) and len(shape) == len(units) and shape == units:
+            # unbatched: (L, C) after a same-size conv read xs' axis 1 (L) as the batch, and the
+            # conv's weight went to its one-step gradient under a shape warning
+            raise ShapeError(
+                f"sequence_grad: hidden state {format_path(path)} has shape {shape}, its layer's units, without a "
+                f"batch axis: the online rules need hidden states of shape (batch, units...). Initialise states with "
+                f"brainstate.nn.init_all_states(model, batch_size=B) (algo='bptt' takes unbatched ones)")
         if not shape or shape[0] != batch:
             raise ShapeError(
                 f"sequence_grad: xs has shape {tuple(jnp.shape(xs_leaves[0]))}, read as time-major (T, B, ...) "

@@ -79,7 +79,7 @@ def _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
         learners.clear()  # a layer attribute changed or the states were recreated
         learner = None
     if learner is None:
-        _check_batch_axis(model, xs_leaves)
+        _check_batch_axis(model, xs_leaves, online=sequence_algo(algo) is None)
         learner = learners[key] = compile(
             model, jax.tree.map(lambda x: x[0], xs), algo=algo, decay=alpha, trace_dtype=trace_dtype,
             memory_budget=budget, plan_batch=plan_batch, warn=False)

@@ -216,11 +216,18 @@ class Decay:
 
 
 def check_trailing_shape(layer: Any, x: Any, expected: tuple[int, ...]) -> None:
-    """Raise :class:`ShapeError` unless ``x``'s trailing axes are ``expected``."""
+    """Raise :class:`ShapeError` unless ``x``'s trailing axes are ``expected`` and it has
+    at most one axis more (the batch): a layer of a state ``(B, *expected)`` fed ``(B, L,
+    C)`` after a conv broadcast its state to the input and failed in JAX, naming no layer."""
+    shape = tuple(jnp.shape(x))
+    if len(shape) > len(expected) + 1:
+        units = ", ".join(map(str, expected))
+        raise ShapeError(f"{describe(layer)}: expected input (batch, {units}) or ({units}), got x.shape={shape}: more "
+                         f"axes than a batch and the layer's units ({units},); a layer after a convolution needs the "
+                         f"positions in its size too, e.g. {type(layer).__name__}({shape[1:]})")
     if len(expected) == 1:
         check_last_axis(layer, x, expected[0])
         return
-    shape = tuple(jnp.shape(x))
     if shape[len(shape) - len(expected):] != tuple(expected) or len(shape) < len(expected):
         raise ShapeError(f"{describe(layer)}: expected input of shape (..., {', '.join(map(str, expected))}), got x.shape={shape}")
 

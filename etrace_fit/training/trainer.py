@@ -930,7 +930,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     # after the user's filters (append): "once" ahead of them overrode a user's
                     # simplefilter("ignore" / "error", ef.ApproximationWarning)
                     warnings.filterwarnings("once", category=UserWarning, append=True)
-                    _check_batch_axis(self._model, jax.tree.leaves(xs))
+                    _check_batch_axis(self._model, jax.tree.leaves(xs), online=sequence_algo(self.algo) is None)
                     self.learner = compile_learner(self._model, xs[0], self._step_loss, algo=self.algo,
                                                    decay=self.decay, memory_budget=self.memory_budget,
                                                    trace_dtype=self.trace_dtype, plan_batch=xs.shape[1],

@@ -475,8 +475,9 @@ def test_an_unbatched_model_whose_units_read_as_its_batch_gets_a_shape_error_nam
         brainstate.nn.init_all_states(model)  # unbatched
         xs, ys = jnp.ones((T, I)), jnp.zeros((T, O))
         for algo in ("d_rtrl", "esd_rtrl", "hybrid"):
-            with pytest.raises(ef.ShapeError, match=r"hidden group \(layers\.1\.V\) has shape \(4,\): the online rules "
-                                                    r"need hidden states of shape \(batch, units...\)"):
+            with pytest.raises(ef.ShapeError, match=r"hidden state layers\.1\.V has shape \(4,\), its layer's units, "
+                                                    r"without a batch axis: the online rules need hidden states of "
+                                                    r"shape \(batch, units...\)"):
                 ef.sequence_grad(model, xs, ys, mse, algo=algo)
         ef.sequence_grad(model, xs, ys, mse, algo="bptt")  # BPTT takes it
 

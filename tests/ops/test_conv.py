@@ -322,3 +322,29 @@ def test_quantity_input_gives_quantity_output_with_plain_mantissa():
     assert_close(u.get_mantissa(y), ref(x, w, b))
     with pytest.raises(ShapeError, match="etp_conv"):
         conv(x * u.mV, w, b * u.ms)
+
+
+def test_a_neuron_after_a_conv_is_told_about_the_positions_and_unbatched_states_about_the_batch():
+    """LIF(C) after a conv (positions forgotten) broadcast its state to the input and
+    failed in JAX naming no layer; an unbatched conv net's (L, C) state passed the batch
+    check with L read as the batch, and the conv weight fell to its one-step gradient."""
+    import brainstate
+
+    import etrace_fit as ef
+    from etrace_fit import layers as L
+    from etrace_fit.errors import ShapeError
+
+    rng = np.random.default_rng(0)
+    with brainstate.environ.context(dt=1.0):
+        forgot = ef.Sequential(L.Conv1d(2, 3, 3), L.LIF(3), L.Flatten(), L.Linear(3, 2))
+        brainstate.nn.init_all_states(forgot, batch_size=2)
+        with pytest.raises(ShapeError, match=r"LIF\(3\): expected input \(batch, 3\) or \(3\), got x.shape=\(2, 5, 3\): "
+                                             r"more axes than a batch and the layer's units .*LIF\(\(5, 3\)\)"):
+            forgot(jnp.ones((2, 5, 2)))
+        model = ef.Sequential(L.Conv1d(2, 3, 3, w_init=rng.standard_normal((3, 2, 3))), L.LIF((5, 3)),
+                              L.Flatten(num_feature_axes=2), L.Linear(15, 2))
+        brainstate.nn.init_all_states(model)  # unbatched: V is (5, 3)
+        xs, ys = jnp.asarray(rng.standard_normal((4, 5, 2))), jnp.zeros((4, 2))
+        with pytest.raises(ShapeError, match=r"hidden state layers\.1\.V has shape \(5, 3\), its layer's units, "
+                                             r"without a batch axis"):
+            ef.sequence_grad(model, xs, ys, lambda out, y: jnp.sum((out - y) ** 2), algo="d_rtrl")
