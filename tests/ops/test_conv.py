@@ -348,3 +348,21 @@ def test_a_neuron_after_a_conv_is_told_about_the_positions_and_unbatched_states_
         with pytest.raises(ShapeError, match=r"hidden state layers\.1\.V has shape \(5, 3\), its layer's units, "
                                              r"without a batch axis"):
             ef.sequence_grad(model, xs, ys, lambda out, y: jnp.sum((out - y) ** 2), algo="d_rtrl")
+
+
+def test_a_pooling_that_shrinks_the_positions_is_one_excluded_row_of_the_report():
+    """The conv weight before AvgPool1d(2) is excluded (shape mismatch: its one-step
+    gradient, not the traced sum docs/layers.md once promised), and the report printed
+    its row once per record: twice, identical."""
+    import brainstate
+
+    import etrace_fit as ef
+    from etrace_fit import layers as L
+
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Conv1d(2, 4, 3), L.AvgPool1d(2), L.LIF((4, 4)), L.Flatten(num_feature_axes=2),
+                              L.Linear(16, 2))
+        brainstate.nn.init_all_states(model, batch_size=2)
+        report = ef.compile_graph(model, jnp.ones((2, 8, 2))).report()
+    rows = [line for line in report.splitlines() if line.startswith("layers.0.weight")]
+    assert len(rows) == 1 and "excluded: shape mismatch" in rows[0]
