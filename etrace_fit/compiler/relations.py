@@ -268,10 +268,17 @@ def relations(
         shape_ok = [path for path in direct if fits(tuple(y.aval.shape), group_of[path].shape)]
         for path in direct:
             if path not in shape_ok:
+                state_shape = tuple(group_of[path].shape)
+                flattened = (op.kind == "dense" and len(y.aval.shape) == 2 and len(state_shape) > 2
+                             and math.prod(y.aval.shape) == math.prod(state_shape)
+                             and y.aval.shape[-1] == state_shape[-1])
+                why = (f" (a dense op on ({', '.join(map(str, state_shape[:-1]))}, ...) inputs, applied per position: "
+                       f"it flattens the leading axes; Conv1d / Conv2d with kernel_size=1 is the same map and is "
+                       f"traced per position)" if flattened else "")
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
                     f"{name} output {tuple(y.aval.shape)} does not broadcast to {format_path(path)} "
-                    f"{group_of[path].shape}; that path is not traced (it gets the one-step gradient)",
+                    f"{group_of[path].shape}{why}; that path is not traced (it gets the one-step gradient)",
                     primitive=name, weight_path=weight_path, hidden_paths=(path,),
                 ))
         if not shape_ok:

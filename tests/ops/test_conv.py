@@ -366,3 +366,20 @@ def test_a_pooling_that_shrinks_the_positions_is_one_excluded_row_of_the_report(
         report = ef.compile_graph(model, jnp.ones((2, 8, 2))).report()
     rows = [line for line in report.splitlines() if line.startswith("layers.0.weight")]
     assert len(rows) == 1 and "excluded: shape mismatch" in rows[0]
+
+
+def test_a_dense_layer_applied_per_position_names_the_flattening_and_the_conv_that_is_traced():
+    """Linear(2, 3) on (B, 5, 2) into LIF((5, 3)): the warning blamed a (10, 3) shape the
+    user never wrote; Conv1d(kernel_size=1) is the same map and is exact."""
+    import brainstate
+
+    import etrace_fit as ef
+    from etrace_fit import layers as L
+
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(2, 3), L.LIF((5, 3)), L.Flatten(num_feature_axes=2), L.Linear(15, 2))
+        brainstate.nn.init_all_states(model, batch_size=2)
+        graph = ef.compile_graph(model, jnp.ones((2, 5, 2)))
+    messages = [d.message for d in graph.diagnostics_of("layers.0.weight")]
+    assert any("applied per position: it flattens the leading axes; Conv1d / Conv2d with kernel_size=1" in m
+               for m in messages)
