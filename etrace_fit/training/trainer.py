@@ -896,12 +896,26 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}, running, len(records) - 1))
                 if self.stop_training:
                     break
+            ran_out = (steps_per_epoch is not None and not is_array and read_once(x) and not self.stop_training
+                       and len(records) < steps_per_epoch)
+            if ran_out:  # Keras: "your input ran out of data; interrupting training"
+                warnings.warn(f"x ran out of data in epoch {epoch + 1}, after {len(records)} of its {steps_per_epoch} "
+                              f"steps: training stops after this epoch (an iterator must give steps_per_epoch x "
+                              f"epochs batches)", RuntimeWarning, stacklevel=3)
             epoch_logs = self._epoch_logs(epoch, jax.device_get(records))
             if self.learning_rate is not None:
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation is not None and validates(epoch):
-                validated = self._evaluate(validation, validation_batch_size, hooks, "validation y",
-                                           steps=validation_steps)
+                try:
+                    validated = self._evaluate(validation, validation_batch_size, hooks, "validation y",
+                                               steps=validation_steps)
+                except NoBatches:  # an iterator read on across validations ran out: the epoch is kept
+                    if isinstance(validation, Arrays) or not read_once(validation):
+                        raise
+                    warnings.warn(f"validation_data ran out of batches: epoch {epoch + 1} is not validated (an "
+                                  f"iterator read on across validations must give validation_steps x the validated "
+                                  f"epochs batches)", RuntimeWarning, stacklevel=3)
+                    validated = {}
                 epoch_logs.update({f"val_{k}": v for k, v in validated.items()})
             self.history.append(epoch, epoch_logs)  # the keys callbacks add join it after them
             self.epoch = epoch
@@ -912,7 +926,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._last_epoch_logs = epoch_logs
             if verbose == 2:
                 print(epoch_line(epoch, epochs, epoch_logs, time.perf_counter() - start), flush=True)
-            if self.stop_training:
+            if self.stop_training or ran_out:
                 break
 
 

@@ -3,6 +3,7 @@
 exception type, the message, and that no training batch ran (or, for data that arrives
 batch by batch, that the bad batch did not)."""
 
+import itertools
 import re
 import subprocess
 import sys
@@ -403,6 +404,19 @@ def test_an_iterator_over_more_epochs_than_it_lasts_fails_before_training_or_sto
     assert history.epoch == [0]
     listed = ef.Trainer(_model()).fit(list(batches()), epochs=2, verbose=0)  # starts over
     assert listed.epoch == [0, 1]
+    # ran out inside an epoch: it logged a full epoch of 5 steps after 3, without a word
+    seen = []
+    with pytest.warns(RuntimeWarning, match=r"x ran out of data in epoch 1, after 3 of its 5 steps: training stops "
+                                            r"after this epoch"):
+        history = ef.Trainer(_model()).fit(batches(), epochs=2, steps_per_epoch=5, verbose=0, callbacks=[
+            ef.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))])
+    assert history.epoch == [0] and seen == [0, 1, 2]
+    # a validation iterator read across validations that runs out: the epoch stays, unvalidated
+    # (a bare NoBatches came after the epoch had trained, and the epoch was missing from History)
+    with pytest.warns(RuntimeWarning, match=r"validation_data ran out of batches: epoch 3 is not validated"):
+        history = ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=3, verbose=0, validation_steps=1,
+                                           validation_data=itertools.islice(batches(), 2))
+    assert history.epoch == [0, 1, 2] and len(history.history["val_loss"]) == 2
 
 
 def test_a_hidden_state_no_reset_state_writes_is_named_before_anything_runs():
