@@ -190,9 +190,10 @@ def batches(
     """Batches of ``x`` (and ``y``), whatever form the data comes in (module docstring).
 
     ``shuffle`` (``True``, ``False`` or Keras' ``"batch"``: shuffle the order of
-    batch-sized chunks only), ``seed``, ``sample_weight`` and ``mask`` (``(N, T)``)
-    apply to arrays only;
-    iterables and sequences are read in their own order. Raises :class:`ShapeError` for
+    batch-sized chunks only) and ``seed`` apply to arrays and to the batch order of a
+    sequence object (Keras' ``Sequence`` / ``PyDataset``: ``__len__`` and
+    ``__getitem__``); ``sample_weight`` and ``mask`` (``(N, T)``) to arrays only; lists
+    and iterables of batches are read in their own order. Raises :class:`ShapeError` for
     empty data or ``x`` and ``y`` of different lengths, :class:`ConfigError` for a bad
     ``batch_size`` or ``shuffle``.
     """
@@ -212,7 +213,12 @@ def batches(
     if hasattr(x, "__len__") and hasattr(x, "__getitem__"):
         if len(x) == 0:
             raise ShapeError("the data sequence is empty: no batches to train on")
-        items = (x[i] for i in range(len(x)))
+        order = range(len(x))
+        if shuffle and not isinstance(x, (list, tuple)):
+            # a Keras Sequence / PyDataset: its batch order shuffled per epoch, as Keras does (it was
+            # read in one order whatever shuffle said); a list of batches keeps its order
+            order = np.random.default_rng(seed).permutation(len(x))
+        items = (x[int(i)] for i in order)
     else:
         items = iter(x)
     count = 0

@@ -896,6 +896,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 hooks.on_train_batch_end(step, BatchLogs({"loss": loss, **logs}, running, len(records) - 1))
                 if self.stop_training:
                     break
+            if not is_array and callable(getattr(x, "on_epoch_end", None)):
+                x.on_epoch_end()  # a Keras Sequence / PyDataset's own hook, as Keras calls it
             ran_out = (steps_per_epoch is not None and not is_array and read_once(x) and not self.stop_training
                        and len(records) < steps_per_epoch)
             if ran_out:  # Keras: "your input ran out of data; interrupting training"

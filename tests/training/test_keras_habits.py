@@ -438,3 +438,35 @@ def test_a_mask_trainer_takes_its_mask_on_batch_calls_and_measures_its_step():
         by_batch.test_on_batch(x, y, mask=mask[:, :5])
     with pytest.raises(ConfigError, match=r"train_on_batch: mask was given but loss_on='last' ignores it"):
         ef.Trainer(_model()).train_on_batch(x, y, mask=mask)
+
+
+def test_a_keras_sequence_is_shuffled_per_epoch_and_told_each_epoch_end():
+    """A Sequence / PyDataset (__len__, __getitem__) was read in one order whatever shuffle
+    said, and its on_epoch_end() never ran; Keras does both. A list keeps its order."""
+    x, y = _data(16)
+
+    class Batches:
+        def __init__(self):
+            self.read, self.ends = [], 0
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            self.read.append(i)
+            return x[4 * i:4 * i + 4], y[4 * i:4 * i + 4]
+
+        def on_epoch_end(self):
+            self.ends += 1
+
+    shuffled, ordered = Batches(), Batches()
+    ef.Trainer(_model()).fit(shuffled, epochs=3, verbose=0)
+    ef.Trainer(_model()).fit(ordered, epochs=2, shuffle=False, verbose=0)
+    epochs = [shuffled.read[i:i + 4] for i in range(0, 12, 4)]
+    assert all(sorted(e) == [0, 1, 2, 3] for e in epochs) and epochs != [[0, 1, 2, 3]] * 3
+    assert ordered.read == [0, 1, 2, 3] * 2 and (shuffled.ends, ordered.ends) == (3, 2)
+    listed = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 16, 4)]
+    default, unshuffled = ef.Trainer(_model(), algo="bptt"), ef.Trainer(_model(), algo="bptt")
+    default.fit(listed, epochs=1, verbose=0)
+    unshuffled.fit(listed, epochs=1, verbose=0, shuffle=False)
+    _assert_trees_close(_weights(default), _weights(unshuffled), rtol=0, atol=0)  # a list keeps its order
