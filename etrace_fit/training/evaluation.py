@@ -190,7 +190,8 @@ class Evaluation:
     def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
                   steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
         """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
-        from reset states; a stateful trainer's streams are left where they were.
+        from reset states (a stateful trainer carries them from batch to batch, as its
+        training does); a stateful trainer's training streams are left where they were.
         ``where``: the targets' name in errors; ``steps``: at most this many batches (a
         warning if the data gives fewer); ``sample_weight``: per sequence or per sequence
         and step (arrays only, batch-major), weighing the loss as in ``fit``."""
@@ -227,7 +228,7 @@ class Evaluation:
         if steps is not None:  # no batch more is read: an iterator goes on where this stopped
             source = itertools.islice(source, steps)
         totals: dict[str, float] = {}
-        count = ran = 0
+        count = ran = carried = 0
         hooks.on_test_begin({})
         for step, batch in enumerate(source):
             hooks.on_test_batch_begin(step, {})
@@ -251,13 +252,19 @@ class Evaluation:
             elif not isinstance(data, Arrays):
                 check_finite(np.asarray(xs), f"x of batch {step}")
                 self._check_targets(ys, f"y of batch {step}")
-            self._states_at(xs.shape[1])
+            # A stateful trainer's evaluation carries its own streams from batch to batch, as its
+            # training does (from reset states, its training streams kept): each batch started
+            # afresh, so a held-out stream's chunks, and val_loss, measured something else than loss.
+            carry = self.stateful and step > 0 and xs.shape[1] == carried
+            if not carry:
+                self._states_at(xs.shape[1])
+            carried = xs.shape[1]
             if batch.sample_weight is None:
-                result = self._eval_program()(*self._on_mesh(xs, ys, weight), False)
+                result = self._eval_program()(*self._on_mesh(xs, ys, weight), carry)
             else:
                 weighted = loss_weight(batch, ys, weight, None, time_major)
                 placed = self._on_mesh(xs, ys, weighted, weight)
-                result = self._eval_program()(*placed[:3], False, placed[3])
+                result = self._eval_program()(*placed[:3], carry, placed[3])
             logs = {key: float(value) for key, value in result.items()}
             for key, value in logs.items():
                 totals[key] = totals.get(key, 0.0) + value * xs.shape[1]

@@ -306,3 +306,25 @@ def test_reading_the_states_at_another_batch_size_draws_nothing_from_the_global_
     with _states_at(model, 2 * B):
         pass
     np.testing.assert_array_equal(np.asarray(jax.random.key_data(brainstate.random.get_key())), before)
+
+
+def test_a_stateful_evaluation_carries_its_own_streams_from_batch_to_batch():
+    """evaluate and fit's validation ran each batch from reset states: on a stream in
+    chunks val_loss (0.796) measured another thing than loss (0.713, the whole stream's)."""
+    x, y = _trainer_data()
+    k = 6
+    chunks_x = np.concatenate([x[:, s:s + k] for s in range(0, T, k)])
+    chunks_y = np.concatenate([y[:, s:s + k] for s in range(0, T, k)])
+    whole = ef.Trainer(_model(), algo="d_rtrl", loss="mse", metrics=[], loss_on="all")
+    reference = whole.evaluate(x, y, batch_size=B, verbose=0)["loss"]
+    streamed = ef.Trainer(_model(), algo="d_rtrl", optimizer=optax.sgd(0.0), loss="mse", metrics=[], loss_on="all",
+                          stateful=True)
+    history = streamed.fit(chunks_x, chunks_y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+                           validation_data=(chunks_x, chunks_y))
+    # a chunk averages over its k steps: the mean over the T / k chunks is the whole stream's
+    np.testing.assert_allclose(history.history["loss"][0], reference, rtol=1e-9)
+    np.testing.assert_allclose(history.history["val_loss"][0], reference, rtol=1e-9)
+    np.testing.assert_allclose(streamed.evaluate(chunks_x, chunks_y, batch_size=B, verbose=0)["loss"], reference,
+                               rtol=1e-9)
+    fresh = ef.Trainer(_model(), algo="d_rtrl", loss="mse", metrics=[], loss_on="all")  # not stateful: from reset
+    assert abs(fresh.evaluate(chunks_x, chunks_y, batch_size=B, verbose=0)["loss"] - reference) > 1e-3
