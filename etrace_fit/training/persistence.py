@@ -160,6 +160,9 @@ class Persistence:
         self.history.epoch.extend(epochs)
         self.history.history = {k: list(v) for k, v in history.items()}
         self.epoch = epoch
+        # shuffles go on from the restored run's epochs (a fit from epoch 0 after restoring a file
+        # saved before training reads what a fresh trainer does)
+        self._epochs_run = len(epochs)
         self._callbacks.load_state_dict(callbacks)
         self._callbacks.load_array_state(dict(state.get("callbacks") or {}))  # older checkpoints hold none
         after = self.learning_rate if before is not None else None

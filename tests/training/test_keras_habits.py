@@ -254,6 +254,7 @@ def test_a_spiking_readout_with_the_loss_on_the_last_step_warns_with_the_fix():
         ef.Trainer(model).fit(x, y, batch_size=8, epochs=1, verbose=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ef.ApproximationWarning)  # a user's filters hold inside fit now
         ef.Trainer(model, loss="spike_rate_cross_entropy", loss_on="all").fit(x, y, batch_size=8, epochs=1,
                                                                               verbose=0)
 
