@@ -80,7 +80,8 @@ class ETraceGraph:
                 groups = " ".join(self.hidden_groups[g].name for g in relation.hidden_groups)
                 rows.append((format_path(path), relation.primitive, groups, relation.classification, str(relation.size)))
             for record in self.diagnostics_of(path):
-                row = (format_path(path), record.primitive or "-", "-", record.kind.label, str(_size(self.module, path)))
+                row = (format_path(path), record.primitive or "-", "-", record.kind.label,
+                       str(_size(self.module, path)))
                 if record.kind in _EXCLUSIONS and row not in rows:  # one row per exclusion, not per record
                     rows.append(row)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -281,9 +281,9 @@ class Evaluation:
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False,
                       mask: Any = None) -> Any:
         """Loss and metrics of one batch without an update, as Keras'
-        ``test_on_batch`` (``mask (batch, time)`` with ``loss_on="mask"``): from reset states, or for a stateful trainer from its
-        streams' current states (which it leaves where they were: the streams' traces
-        only follow training)."""
+        ``test_on_batch`` (``mask (batch, time)`` with ``loss_on="mask"``): from reset
+        states, or for a stateful trainer from its streams' current states (which it
+        leaves where they were: the streams' traces only follow training)."""
         xs, ys, weighted, weight = self._one_batch(x, y, sample_weight, None, "test_on_batch", mask)
         self._ensure_states(xs.shape[1])
         self._push()

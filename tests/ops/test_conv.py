@@ -338,8 +338,9 @@ def test_a_neuron_after_a_conv_is_told_about_the_positions_and_unbatched_states_
     with brainstate.environ.context(dt=1.0):
         forgot = ef.Sequential(L.Conv1d(2, 3, 3), L.LIF(3), L.Flatten(), L.Linear(3, 2))
         brainstate.nn.init_all_states(forgot, batch_size=2)
-        with pytest.raises(ShapeError, match=r"LIF\(3\): expected input \(batch, 3\) or \(3\), got x.shape=\(2, 5, 3\): "
-                                             r"more axes than a batch and the layer's units .*LIF\(\(5, 3\)\)"):
+        with pytest.raises(ShapeError, match=r"LIF\(3\): expected input \(batch, 3\) or \(3\), got "
+                                             r"x.shape=\(2, 5, 3\): more axes than a batch and the layer's units "
+                                             r".*LIF\(\(5, 3\)\)"):
             forgot(jnp.ones((2, 5, 2)))
         model = ef.Sequential(L.Conv1d(2, 3, 3, w_init=rng.standard_normal((3, 2, 3))), L.LIF((5, 3)),
                               L.Flatten(num_feature_axes=2), L.Linear(15, 2))
