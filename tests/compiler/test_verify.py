@@ -123,3 +123,15 @@ def test_it_stands_aside_where_the_values_are_traced(env64):
     graph = compiled("two_lif")
     out = jax.jit(lambda x: (numerical_check(graph.module, graph.hidden_groups, graph.relations, (), [x]), x)[1])
     np.testing.assert_array_equal(out(jnp.ones((B, I))), jnp.ones((B, I)))
+
+
+def test_rounding_around_a_zero_effect_is_no_miss():
+    """Two routes to an effect of zero may differ by rounding, which relative to zero is
+    all of it: an absolute floor per entry keeps that from reading as a miss."""
+    from etrace_fit.compiler.verify import _miss, _share, _tolerance
+
+    tolerance = _tolerance(jnp.float32)
+    zeros, rounding = np.zeros(64), np.full(64, 1e-9)
+    assert _miss(zeros, rounding, tolerance) == 0.0 and _share(rounding, 0.0, tolerance) == 0.0
+    assert _miss(zeros, np.full(64, 0.1), tolerance) == 1.0 and _share(np.full(64, 0.1), 0.0, tolerance) == 1.0
+    assert _miss(np.ones(64), np.ones(64) * 1.0001, tolerance) == 0.0
