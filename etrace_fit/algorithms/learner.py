@@ -58,12 +58,13 @@ class LearnerState(NamedTuple):
 
 
 @contextlib.contextmanager
-def _states_at(model: Any, batch_size: int):
+def _states_at(model: Any, batch_size: int, keep_key: bool = True):
     """The model's hidden states reset at ``batch_size`` inside the block, restored after
     (reading initial values or tracing at another batch size leaves the model as it was),
-    brainstate's global random key too: a random initial state drew from it, so a run on
-    a mesh (which reads the states' batch axes this way) trained from other draws than
-    the same run on one device."""
+    brainstate's global random key too (``keep_key``): a random initial state drew from
+    it, so a run on a mesh (which reads the states' batch axes this way) trained from
+    other draws than the same run on one device. ``keep_key=False`` for a reset whose
+    draw is the point (the training batch's initial states, :func:`state.eager_reset`)."""
     saved = {path: state.value for path, state in model.states().items()}
     key = brainstate.random.get_key()
     try:
@@ -74,7 +75,8 @@ def _states_at(model: Any, batch_size: int):
         for path, state in model.states().items():
             if path in saved:
                 state.value = saved[path]
-        brainstate.random.set_key(key)
+        if keep_key:
+            brainstate.random.set_key(key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,7 +163,7 @@ def eager_reset(model: Any, module: Any, reset: Reset, batch_size: int) -> list:
     """The reset positions' initial values now, from the model's own code (a reset that
     draws random numbers draws anew)."""
     others = _other_positions(module)
-    with _states_at(model, batch_size):
+    with _states_at(model, batch_size, keep_key=False):  # the draw is the point: it moves the key on
         leaves = module.state_leaves()
     return [leaves[others[n]] for n in reset.positions]
 
