@@ -135,3 +135,15 @@ def test_rounding_around_a_zero_effect_is_no_miss():
     assert _miss(zeros, rounding, tolerance) == 0.0 and _share(rounding, 0.0, tolerance) == 0.0
     assert _miss(zeros, np.full(64, 0.1), tolerance) == 1.0 and _share(np.full(64, 0.1), 0.0, tolerance) == 1.0
     assert _miss(np.ones(64), np.ones(64) * 1.0001, tolerance) == 0.0
+
+
+def test_a_check_that_cannot_run_warns_and_the_compile_goes_on(env64, monkeypatch):
+    """The check is an addition: an error inside it must not stop a compile that works."""
+    def broken(*args):
+        raise ValueError("no point to stand on")
+
+    monkeypatch.setattr(graph_module, "numerical_check", broken)
+    with pytest.warns(RuntimeWarning, match=r"numerical check could not run on this model \(ValueError: no point to "
+                                            r"stand on\).*verify=False"):
+        graph = compiled("lif", verify=True)
+    assert graph.relations
