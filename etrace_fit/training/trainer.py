@@ -79,6 +79,11 @@ def _epoch_of_passes(read: Callable, epoch: int, steps: int, seed: int, per_pass
         yield next(current)
 
 
+def _batches_per_pass(size: int, batch_size: int, drop_remainder: bool) -> int:
+    """How many batches one pass of ``size`` array samples gives."""
+    return size // batch_size if drop_remainder else -(-size // batch_size)
+
+
 def _listed_batch_sizes(data: Any, time_major: bool) -> list[int] | None:
     """The sizes of a list (or tuple) of batches, read off each batch's first input
     array; ``None`` for another iterable or a batch of another form."""
@@ -748,7 +753,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     f"{' (after validation_split)' if validation_split else ''} in batches of {batch_size} end with "
                     f"a batch of {size % batch_size}; give a batch_size that divides {size} (e.g. {divisors[-1]}), "
                     f"or drop_remainder=True")
-            steps = size // batch_size if drop_remainder else -(-size // batch_size)
+            steps = _batches_per_pass(size, batch_size, drop_remainder)
             if steps_per_epoch is not None and steps_per_epoch > steps:
                 warnings.warn(f"steps_per_epoch={steps_per_epoch}, but {size} sequences give {steps} batches of "
                               f"{batch_size}: each epoch runs {steps}", UserWarning, stacklevel=2)
@@ -827,9 +832,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         validation_steps, validation_batch_size = validation_reading
         if validation is not None and not isinstance(validation, Arrays) and read_once(validation):
             validation = iter(validation)  # read on across validations (validation_steps)
-        per_pass = None
-        if is_array:
-            per_pass = len(x) // batch_size if drop_remainder else -(-len(x) // batch_size)
+        per_pass = _batches_per_pass(len(x), batch_size, drop_remainder) if is_array else None
         _check_stateful_passes(self.stateful, steps_per_epoch, per_pass)
         hooks.on_train_begin({})
         if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
@@ -1199,9 +1202,6 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major;
         ``mask`` the steps ``loss_on="mask"`` places the loss on (as ``x``: batch-major,
         or time-major with ``time_major=True``)."""
-        if mask is not None and self.loss_on != "mask":
-            raise ConfigError(f"{name}: mask was given but loss_on={self.loss_on!r} ignores it; use "
-                              f"Trainer(loss_on='mask') to average the loss over the marked steps")
         data = self._as_data((x, y) if mask is None else (x, y, mask), name)
         if not isinstance(data, Arrays):
             raise ConfigError(f"{name} takes arrays x (and y, and mask=)")

@@ -437,7 +437,7 @@ def test_a_mask_trainer_takes_its_mask_on_batch_calls_and_measures_its_step():
         by_batch.train_on_batch(x, y)
     with pytest.raises(ShapeError, match=r"test_on_batch: mask must have shape \(8, 12\)"):
         by_batch.test_on_batch(x, y, mask=mask[:, :5])
-    with pytest.raises(ConfigError, match=r"train_on_batch: mask was given but loss_on='last' ignores it"):
+    with pytest.raises(ConfigError, match=r"a mask was given but loss_on='last' ignores it"):
         ef.Trainer(_model()).train_on_batch(x, y, mask=mask)
 
 
