@@ -15,6 +15,7 @@ follows it unchanged: D-RTRL exactly, ES-D-RTRL through its factorisation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -77,10 +78,13 @@ def new_state_vars(graph: ETraceGraph, group: Any) -> list:
     return [outvars[offset + module.leaf_offsets[path]] for path in group.paths]
 
 
-def _reach(graph: ETraceGraph, sources: list) -> tuple[set, set]:
+def _reach(graph: ETraceGraph, sources: list, relabel: bool = False) -> tuple[set, set]:
     """``(reached, mixed)``: the variables computed from ``sources`` without passing a
     trainable dense/conv op, and those among them that some path reaches through an
-    op that mixes units (a reduction, a reshape)."""
+    op that mixes units (a reduction, a transpose, a reshape). With ``relabel`` a
+    reshape that keeps the batch axis (``Flatten``) does not mix: it lays the units out
+    anew in the same row-major order, so a reshape back to the group's shape finds
+    each unit where it was (see :func:`_reads_in_order`)."""
     reached = {v for v in sources if not isinstance(v, _compat.Literal)}
     mixed: set = set()
     for eqn in graph.module.jaxpr.eqns:
@@ -89,9 +93,30 @@ def _reach(graph: ETraceGraph, sources: list) -> tuple[set, set]:
         inputs = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
         if any(v in reached for v in inputs):
             reached.update(eqn.outvars)
-            if not is_elementwise(eqn) or any(v in mixed for v in inputs):
+            in_order = relabel and _keeps_batch_order(eqn)
+            if not (is_elementwise(eqn) or in_order) or any(v in mixed for v in inputs):
                 mixed.update(eqn.outvars)
     return reached, mixed
+
+
+def _keeps_batch_order(eqn: Any) -> bool:
+    """A reshape of one operand (``Flatten``'s, a squeeze) whose leading (batch) axis
+    keeps its length: sample by sample, the same numbers in the same row-major order."""
+    if eqn.primitive.name not in ("reshape", "squeeze") or len(eqn.invars) != 1:
+        return False
+    before, after = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
+    return len(before) > 0 and len(after) > 0 and before[0] == after[0]
+
+
+def _reads_in_order(group: Any, var: Any) -> bool:
+    """Whether ``var`` (reached from ``group`` unit by unit, reshapes keeping the batch
+    axis allowed) holds one number per unit of the group, in the group's row-major order:
+    the same batch length and as many numbers per sample. The step program reads its
+    derivatives and ``∂L/∂var`` in the group's layout by a reshape
+    (``TracedPair.canonical_units``), which is then exact."""
+    shape, unit_shape = tuple(var.aval.shape), tuple(group.shape)
+    return (shape == unit_shape or (len(shape) > 0 and len(unit_shape) > 0 and shape[0] == unit_shape[0]
+                                    and math.prod(shape) == math.prod(unit_shape)))
 
 
 def groups_reaching(graph: ETraceGraph, var: Any) -> list[int]:
@@ -158,9 +183,11 @@ def is_affine(graph: ETraceGraph, group: Any) -> bool:
 
 def reads_unit_by_unit(graph: ETraceGraph, group: Any, var: Any) -> bool:
     """Whether ``var`` depends on ``group``'s step (previous states, new states, the
-    relations' outputs) and only through per-unit ops."""
-    reached, mixed = _reach(graph, step_vars(graph, group))
-    return var in reached and var not in mixed
+    relations' outputs) only through per-unit ops and reshapes that keep the batch axis
+    (a ``Flatten`` before the readout), and holds one number per unit in the group's
+    order (:func:`_reads_in_order`)."""
+    reached, mixed = _reach(graph, step_vars(graph, group), relabel=True)
+    return var in reached and var not in mixed and _reads_in_order(group, var)
 
 
 def readout_decay(graph: ETraceGraph, group: Any) -> tuple[float, float]:
@@ -210,8 +237,7 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
         return None
     u = readout_input(graph, readout)
     reading = tuple(g.index for g in graph.hidden_groups
-                    if g.index != group.index and g.elementwise and tuple(g.shape) == tuple(u.aval.shape)
-                    and reads_unit_by_unit(graph, g, u))
+                    if g.index != group.index and g.elementwise and reads_unit_by_unit(graph, g, u))
     if not reading:
         return None
     return ReadoutMemory(readout=readout, group=group.index, reading=reading, kappa=(low + high) / 2)
