@@ -33,7 +33,7 @@ from ..compiler._dataflow import cut_step
 from ..ops import etp_op_info
 from ..ops.dense import matmul_of_parts, weight_rows
 from .base import Derivation, Derived, Fixed, PairSignals, Rule, TracedPair, gram, joined_states, scalar_loss
-from .readout import new_state_vars, readout_memory
+from .readout import linear_tail, new_state_vars, readout_memory, tail_transpose
 
 __all__ = ["Collected", "OnlineProgram", "StepProgram", "TraceState", "build_online", "chunk_size", "run_rule_chunk"]
 
@@ -216,10 +216,17 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
     if readout is None and any(p.readout_memory for p in pairs):
         readout = readout_memory(graph)
     memory_pairs = {p.index for p in pairs if p.readout_memory}
+    memory_v, memory_tail = None, ()
     if memory_pairs:
         readout_eqn = eqns[readout.readout]
         readout_x_index = etp_op_info(readout_eqn.primitive).x_index
         readout_x = readout_eqn.invars[readout_x_index]
+        # u = M v (a pooling, a transpose before the readout; readout.linear_tail): the
+        # memory is kept per unit of v, met by Mᵀ ∂L/∂u.
+        memory_v, memory_tail = linear_tail(graph, readout_x)
+    # where the memory reads its units: (equation, operand) of v (u: the readout's input)
+    memory_at = ((memory_tail[0], [n for n, v in enumerate(eqns[memory_tail[0]].invars) if v is memory_v][0])
+                 if memory_tail else (readout.readout, readout_x_index) if memory_pairs else None)
     # Dense and conv relations: their one-step gradient X^T δy is left to the rule (one
     # GEMM with the history part), so the pull-back stops at their trainable operands
     # and returns δy = ∂L^t/∂y instead. Dense and conv ops no pair traces (deferred)
@@ -384,13 +391,13 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
             for group, hs in zip(groups, h_groups):
                 for path, h in zip(group.paths, hs):
                     step_leaves[state_position[path]] = h
-            inputs_of = {readout.readout: None} if memory_pairs else None
+            inputs_of = {memory_at[0]: None} if memory_pairs else None
             positions = {n: [num_outputs + state_position[path] for path in g.paths] for n, g in enumerate(groups)
                          if n in reading}
             outs = cut_step(module, step_leaves, input_leaves, replace=dict(zip(relation_eqns, ys_)),
                             inputs_of=inputs_of, outputs=[p for n in sorted(positions) for p in positions[n]])
             new = [[outs[p] for p in positions[n]] if n in positions else None for n in range(len(groups))]
-            return new + ([inputs_of[readout.readout][readout_x_index]] if memory_pairs else [])
+            return new + ([inputs_of[memory_at[0]][memory_at[1]]] if memory_pairs else [])
 
         # One forward-mode pass per direction (a ones tangent on one state of one
         # elementwise group, or on one relation's output), the other inputs closed over:
@@ -520,6 +527,9 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         jacobians, sensitivities, memory = transition_derivatives(leaves, input_leaves, captured)
         signal_of = {s.path: hidden_signals[k] for k, s in enumerate(hidden)}
         pair_signals, one_step_taken, columns = [], set(), {}
+        memory_signal = x_signal
+        if memory_pairs and memory_tail and x_signal is not None:  # ∂L/∂v = Mᵀ ∂L/∂u
+            memory_signal = tail_transpose(graph, memory_tail, consts, [*input_leaves, *leaves], memory_v, x_signal)
 
         def canonical_x(pair, x, params, batch):
             # Pairs whose dense ops read one input (an LSTM's four gates on ``[x, h]``) get one
@@ -567,7 +577,7 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                     D, Df, G, kappa=jacobians[readout.group][0][0].reshape(batch, -1)[:, 0],
                     u_prev=[units(u, 0) for u in memory[pair.group.index]],
                     u_y=units(memory[("y", index)], 0),
-                    u_signal=None if G is None else units(x_signal, 0))
+                    u_signal=None if G is None else units(memory_signal, 0))
             # Split per state (base.split_states); a rule that reads the canonical form
             # gets it joined where the engine hands the signals over.
             pair_signals.append(PairSignals(

@@ -119,6 +119,78 @@ def _reads_in_order(group: Any, var: Any) -> bool:
                                     and math.prod(shape) == math.prod(unit_shape)))
 
 
+# Ops affine in an operand that varies with the step when the others are fixed: between
+# the units and a readout (a pooling's window sums and count, a global average's slice,
+# mean and stack, a transpose, a flatten, a constant added). Only the linear part reaches
+# a derivative.
+_TAIL_OPS = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "reduce_window_sum", "reduce_sum",
+             "convert_element_type", "copy", "copy_p", "neg", "mul", "div", "add", "add_any", "sub", "pad", "slice",
+             "concatenate", "stack"}
+
+
+def linear_tail(graph: ETraceGraph, var: Any) -> tuple[Any, tuple[int, ...]]:
+    """``(v, eqns)``: ``var`` as ``M v + c``, ``M`` a linear map and ``c`` a constant that
+    the step's inputs and states do not move — the equations ``eqns`` (in order) each
+    read one varying operand (the last's output) and fixed ones (literals, the weights,
+    what is made of them): an average pooling's window sum and division, a transpose, a
+    reshape. ``(var, ())`` when its own equation is no such op. The readout memory keeps one trace state per
+    unit of ``v`` and meets it with ``Mᵀ ∂L/∂var`` (:func:`tail_transpose`)."""
+    module = graph.module
+    fixed_inputs = {v for w in module.weights for v in w.in_vars}
+    fixed: set = set()
+    producer = {}
+    for index, eqn in enumerate(module.jaxpr.eqns):
+        for out in eqn.outvars:
+            producer[out] = index
+        operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+        if all(v in fixed or v in fixed_inputs for v in operands) and not is_boundary(eqn):
+            fixed.update(eqn.outvars)
+    eqns = module.jaxpr.eqns
+    chain = []
+    while var in producer:
+        eqn = eqns[producer[var]]
+        if eqn.primitive.name not in _TAIL_OPS or len(eqn.outvars) != 1 or var in fixed:
+            break
+        varying = [n for n, v in enumerate(eqn.invars)
+                   if not isinstance(v, _compat.Literal) and v not in fixed and v not in fixed_inputs]
+        if len(varying) != 1 or (eqn.primitive.name == "div" and varying != [0]):
+            break
+        chain.append(producer[var])
+        var = eqn.invars[varying[0]]
+    return var, tuple(reversed(chain))
+
+
+def tail_transpose(graph: ETraceGraph, eqns: tuple[int, ...], consts: list, args: list, v: Any,
+                   cotangent: jax.Array) -> jax.Array:
+    """``Mᵀ cotangent`` for the tail ``eqns`` of :func:`linear_tail` (``M`` maps ``v`` to
+    their last output), the step's fixed operands evaluated from ``args`` (inputs and
+    state leaves): a pull-back through those equations alone."""
+    jaxpr = graph.module.jaxpr
+    source, last = jaxpr.eqns[eqns[0]], jaxpr.eqns[eqns[-1]].outvars[0]
+    position = [n for n, var in enumerate(source.invars) if var is v][0]
+
+    def tail(value):
+        found = {}
+
+        def override(index, eqn, invals):
+            if index != eqns[0]:
+                return None
+            invals = list(invals)
+            invals[position] = value
+            return _compat.eval_equation(eqn, invals)
+
+        def on_write(var, out):
+            if var is last:
+                found["u"] = out
+            return out
+
+        # only what ``last`` depends on is evaluated; XLA drops what leads to v alone
+        _compat.interpret(jaxpr, consts, args, override=override, on_write=on_write, wanted=[last])
+        return found["u"]
+
+    return jax.vjp(tail, jnp.zeros(v.aval.shape, cotangent.dtype))[1](cotangent)[0]
+
+
 def groups_reaching(graph: ETraceGraph, var: Any) -> list[int]:
     """The hidden groups whose new states reach ``var`` without crossing a dense or conv op."""
     return [g.index for g in graph.hidden_groups if var in _reach(graph, new_state_vars(graph, g))[0]]
@@ -235,9 +307,9 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
         return None
     if high - low > 1e-6 or not 0.0 < low <= high < 1.0:
         return None
-    u = readout_input(graph, readout)
+    v, _ = linear_tail(graph, readout_input(graph, readout))  # u = M v: the memory is kept per unit of v
     reading = tuple(g.index for g in graph.hidden_groups
-                    if g.index != group.index and g.elementwise and reads_unit_by_unit(graph, g, u))
+                    if g.index != group.index and g.elementwise and reads_unit_by_unit(graph, g, v))
     if not reading:
         return None
     return ReadoutMemory(readout=readout, group=group.index, reading=reading, kappa=(low + high) / 2)

@@ -451,31 +451,55 @@ def test_d_rtrl_is_exact_through_a_flatten_before_the_leaky_readout(flat_case, p
     assert max(float(np.abs(v).max()) for k, v in first.items() if k.startswith("layers.0.")) > 1e-3
 
 
-def _transposed_flat():
-    """A channels-first flatten (a PyTorch habit): ``(B, L, C) → (B, C, L) → (B, C·L)``."""
+class _ChannelsFirst(brainstate.nn.Module):
+    """``(B, L, C) → (B, C, L)``: a channels-first flatten follows (a PyTorch habit)."""
 
-    class ChannelsFirst(brainstate.nn.Module):
-        def update(self, x):
-            return jnp.swapaxes(x, 1, 2)
-
-    conv = L.Conv1d(I, C, 3, padding="SAME", w_init=rand(20, 3, I, C, scale=0.6), b_init=rand(21, C, scale=0.3))
-    return ef.Sequential(conv, L.LIF((LC, C), tau=10.0, surrogate="sigmoid"), ChannelsFirst(), L.Flatten(),
-                         _flat_readout(LC * C))
+    def update(self, x):
+        return jnp.swapaxes(x, 1, 2)
 
 
-def _pooled_flat():
-    conv = L.Conv1d(I, C, 3, padding="SAME", w_init=rand(20, 3, I, C, scale=0.6), b_init=rand(21, C, scale=0.3))
-    return ef.Sequential(conv, L.LIF((LC, C), tau=10.0, surrogate="sigmoid"), L.AvgPool1d(2), L.Flatten(),
-                         _flat_readout(LC // 2 * C))
+def _conv_then(make_rest, units):
+    """A builder (layers made in the test's precision) of Conv1d → LIF → rest → Flatten → readout."""
+    return lambda: ef.Sequential(
+        L.Conv1d(I, C, 3, padding="SAME", w_init=rand(20, 3, I, C, scale=0.6), b_init=rand(21, C, scale=0.3)),
+        L.LIF((LC, C), tau=10.0, surrogate="sigmoid"), make_rest(), L.Flatten(), _flat_readout(units))
 
 
-@pytest.mark.parametrize("build", [_transposed_flat, _pooled_flat], ids=["transpose", "avg_pool"])
-def test_a_readout_that_reads_units_out_of_order_keeps_the_warning(build):
-    """A transpose before the flatten puts the units in another order, a pooling sums
-    them: a reshape back to the group's layout would pair each unit with another's
-    derivative. No readout memory there; the conv weight keeps the compiler's reason
-    and its warning (its gradient is approximate, and BPTT's differs)."""
-    case = Case(build, (T, B, LC, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
+# u = M v: a fixed linear map between the neurons' spikes and the readout (readout.linear_tail)
+TAILS = {"transpose": _conv_then(_ChannelsFirst, units=LC * C),
+         "avg_pool": _conv_then(lambda: L.AvgPool1d(2), units=LC // 2 * C),
+         "avg_pool_same": _conv_then(lambda: L.AvgPool1d(4, stride=2, padding="SAME"), units=LC // 2 * C),
+         "global_avg_pool": _conv_then(lambda: L.AdaptiveAvgPool1d(1), units=C)}
+
+
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_d_rtrl_is_exact_through_a_fixed_linear_map_before_the_readout(tail):
+    """A transpose, an average pooling (VALID or SAME, whose count differs at the
+    edges) or a global average between the spikes and the readout is a fixed linear map
+    ``u = M v``: the memory is kept per spiking unit and met by ``Mᵀ ∂L/∂u``, and the
+    conv weight gets BPTT's gradient (1e-9, float64) with no warning."""
+    case = Case(TAILS[tail], (T, B, LC, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("error", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+        assert [p.readout_memory for p in plan.pairs] == [True, False]
+        _, tail_eqns = ef.algorithms.readout.linear_tail(
+            graph, ef.algorithms.readout.readout_input(graph, plan.readout.readout))
+        assert tail_eqns  # the map is there, not folded away
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        grads, _ = ef.sequence_grad(case.model, case.xs, case.ys, mse, algo="d_rtrl")
+    assert_grads_match(jax.tree.map(np.asarray, grads), case.ref_grads, 1e-9)
+
+
+@pytest.mark.parametrize("pool", [L.MaxPool1d, L.AdaptiveAvgPool1d], ids=["max_pool", "adaptive_bins"])
+def test_a_readout_that_reads_units_through_a_nonlinear_or_branching_map_keeps_the_warning(pool):
+    """A max pooling picks units by their values (no fixed ``M``); adaptive bins stack
+    several slices (a map of more than one path, not followed). No readout memory there;
+    the conv weight keeps the compiler's reason and its warning (its gradient is
+    approximate, and BPTT's differs), the readout's own weight stays exact."""
+    case = Case(_conv_then(lambda: pool(2), units=LC // 2 * C if pool is L.MaxPool1d else 2 * C),
+                (T, B, LC, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
     with case.env():
         with pytest.warns(ef.ApproximationWarning, match=r"layers\.0\.weight also shapes the memory"):
             learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
@@ -487,5 +511,27 @@ def test_a_readout_that_reads_units_out_of_order_keeps_the_warning(build):
     errors = {k: rel_err(np.asarray(v), leaves_by_name(case.ref_grads)[k])
               for k, v in leaves_by_name(jax.tree.map(np.asarray, grads)).items()}
     assert errors["layers.0.weight['weight']"] > 1e-3, errors  # approximate, as warned
-    readout = [k for k in errors if k.startswith(f"layers.{len(case.model.layers) - 1}.")]
+    readout = [k for k in errors if k.startswith("layers.4.")]
     assert readout and max(errors[k] for k in readout) < 1e-9, errors  # the readout's own weight stays exact
+
+
+def test_a_dropout_after_the_flatten_keeps_the_memory_exact():
+    """``Conv → LIF → Flatten → Dropout → LeakyRateReadout``: the mask is data of its
+    step (it varies, so it is no fixed map), and the units reach the readout in their
+    row-major order through the flatten and the mask: the memory is followed (D-RTRL
+    equals BPTT on the same masks, ``gradient_fidelity`` in float64)."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        brainstate.random.seed(0)
+        model = _conv_then(lambda: L.Dropout(0.3), units=LC * C)()
+        model.layers.insert(3, model.layers.pop(2))  # the dropout after the flatten
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs = jnp.asarray(rand(10, T, B, LC, I) + 0.5)
+        ys = jnp.asarray(rand(11, T, B, O))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ef.ApproximationWarning)
+            plan = ef.compile(model, xs[0], mse, algo="d_rtrl").plan
+            fidelity = ef.gradient_fidelity(model, xs, ys, mse, algo="d_rtrl")
+    assert plan.readout is not None and [p.readout_memory for p in plan.pairs] == [True, False]
+    assert type(model.layers[3]).__name__ == "Dropout"
+    for path, f in fidelity.items():
+        assert f.cosine == pytest.approx(1.0, abs=1e-9) and f.norm_ratio == pytest.approx(1.0, rel=1e-9), path
