@@ -35,12 +35,14 @@ class Persistence:
     def _fingerprint(self) -> list:
         return checkpoint.fingerprint(self._params().to_dict_values())
 
-    def save(self, path: Any) -> None:
+    def save(self, path: Any, overwrite: bool = True) -> None:
         """Write weights, optimizer state, epoch, history and callback state to ``path``
-        (atomically; see :mod:`etrace_fit.checkpoint`). In a multi-host run only process
-        0 writes (the weights and optimizer state are replicated: every process holds
-        the same); the others return at once (``BackupAndRestore`` waits for the file
-        at a barrier)."""
+        (atomically; see :mod:`etrace_fit.checkpoint`). ``overwrite=False``: a
+        ``ConfigError`` if ``path`` exists (Keras asks at a prompt; a training script
+        has none). In a multi-host run only process 0 writes (the weights and optimizer
+        state are replicated: every process holds the same); the others return at once
+        (``BackupAndRestore`` waits for the file at a barrier)."""
+        _check_overwrite("save", path, overwrite)
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "opt_state": self.opt_state if self.opt_state is not None else {},
                  "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()},
@@ -69,9 +71,7 @@ class Persistence:
         :meth:`save` wrote); :meth:`restore` and :meth:`Trainer.load` refuse it, having
         no optimizer state, epoch or history to resume from. ``overwrite=False``: a
         ``ConfigError`` if ``path`` exists. In a multi-host run only process 0 writes."""
-        path = os.fspath(path)
-        if not overwrite and os.path.exists(path):
-            raise ConfigError(f"save_weights: {path} exists and overwrite=False")
+        _check_overwrite("save_weights", path, overwrite)
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()}}
         if not is_main_process():
@@ -79,23 +79,73 @@ class Persistence:
         checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(),
                                     extra={"content": WEIGHTS_ONLY, "config": self.config})
 
-    def load_weights(self, path: Any) -> None:
+    def load_weights(self, path: Any, skip_mismatch: bool = False) -> None:
         """Keras' ``load_weights``: the weights (and long-term states) from a file
         :meth:`save_weights` or :meth:`save` wrote; the optimizer state, epoch and
         history stay as they are. :class:`CheckpointError` (and nothing changed) if the
-        file does not fit the model, naming the weights that differ."""
+        file does not fit the model, naming the weights that differ.
+        ``skip_mismatch=True`` (Keras'): load the weights and long-term states the file
+        holds at this model's path and shapes, keep the others as they are, and warn
+        naming each one kept and why (a fine-tuned head of another size, a layer added)."""
         manifest, state = checkpoint.read_checkpoint(path)
         ours = self._fingerprint()
-        if manifest.get("fingerprint") != ours:
-            checkpoint.check_fingerprint(path, manifest, ours, cast=True)  # Keras casts: float32 into float64 and back
-        params = self._saved_params(path, state)
-        long_term = _restored_long_term(path, self._model, state)
+        if skip_mismatch:
+            params, long_term, skipped = self._fitting_weights(path, state)
+            if skipped:
+                warnings.warn(f"load_weights({os.fspath(path)!r}, skip_mismatch=True) kept {len(skipped)} of the "
+                              f"model's weights and states as they were: " + "; ".join(skipped),
+                              UserWarning, stacklevel=2)
+        else:
+            if manifest.get("fingerprint") != ours:
+                checkpoint.check_fingerprint(path, manifest, ours, cast=True)  # Keras casts float32 into float64
+            params = self._saved_params(path, state)
+            long_term = _restored_long_term(path, self._model, state)
         for path_, param in self._params().items():
-            param.value = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), params[path_],
-                                       param.value)
+            if path_ in params:
+                param.value = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), params[path_],
+                                           param.value)
         for held, value in long_term:
             held.value = value
         self._model_touched = True
+
+    def _fitting_weights(self, path: Any, state: dict) -> tuple[dict, list, list[str]]:
+        """For ``load_weights(skip_mismatch=True)``: ``({path: value}`` of the weights the
+        checkpoint holds at this model's path and leaf shapes, ``[(state, value)]`` of the
+        long-term states likewise, and a line per weight or state kept, saying why)."""
+        saved = dict(state.get("params", {}))
+        params, skipped = {}, []
+
+        def shapes(value):
+            return [tuple(np.shape(leaf)) for leaf in jax.tree.leaves(value)]
+
+        for path_, param in self._params().items():
+            name = format_path(path_)
+            if name not in saved:
+                skipped.append(f"{name} (not in the file)")
+                continue
+            try:
+                value = jax.tree.unflatten(jax.tree.structure(param.value),
+                                           [jnp.asarray(leaf) for leaf in jax.tree.leaves(saved[name])])
+            except (TypeError, ValueError):
+                skipped.append(f"{name} (saved with {len(jax.tree.leaves(saved[name]))} leaves, the model has "
+                               f"{len(jax.tree.leaves(param.value))})")
+                continue
+            if shapes(value) != shapes(param.value):
+                skipped.append(f"{name} (saved {shapes(value)}, the model has {shapes(param.value)})")
+                continue
+            params[path_] = value
+        long_term = []
+        held_saved = dict(state.get("long_term") or {})
+        for path_, held in _long_term(self._model).items():
+            name = format_path(path_)
+            values = [jnp.asarray(leaf) for leaf in jax.tree.leaves(held_saved.get(name, []))]
+            if name in held_saved and [np.shape(v) for v in values] == [np.shape(v) for v in
+                                                                          jax.tree.leaves(held.value)]:
+                long_term.append((held, jax.tree.unflatten(jax.tree.structure(held.value), values)))
+            elif state.get("long_term") is not None:
+                skipped.append(f"{name} (a long-term state " + ("not in the file)" if name not in held_saved
+                                                                  else "saved at other shapes)"))
+        return params, long_term, skipped
 
     def _saved_params(self, path: Any, state: dict) -> dict:
         """``{path: value}`` of this model's weights from a checkpoint's payload (its
@@ -346,3 +396,11 @@ def _restored_long_term(path: Any, model: Any, state: dict) -> list:
                                   f"{[np.shape(v) for v in values]}, the model has {[np.shape(v) for v in leaves]}")
         restored.append((held_state, jax.tree.unflatten(jax.tree.structure(held_state.value), values)))
     return restored
+
+
+def _check_overwrite(what: str, path: Any, overwrite: bool) -> None:
+    """A ``ConfigError`` before anything is written when ``path`` exists and ``overwrite``
+    is False (Keras' ``save`` / ``save_weights`` argument)."""
+    if not overwrite and os.path.exists(os.fspath(path)):
+        raise ConfigError(f"{what}: {os.fspath(path)} exists and overwrite=False; give another path, or "
+                          f"overwrite=True to replace it")

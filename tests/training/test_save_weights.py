@@ -2,6 +2,7 @@
 ``save_freq`` and ``initial_value_threshold``."""
 
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -175,3 +176,79 @@ def test_restoring_over_another_learning_rate_says_that_the_saved_one_is_used(tm
         named.learning_rate = 1e-4
         named.save(tmp_path / "named.ckpt")
         assert ef.Trainer.load(tmp_path / "named.ckpt", _model()).learning_rate == pytest.approx(1e-4)
+
+
+def test_save_with_overwrite_false_refuses_an_existing_file_and_leaves_it(tmp_path):
+    """Keras' ``save(filepath, overwrite=True)``: with ``overwrite=False`` an existing
+    file is refused before anything is written (Keras asks at a prompt; a script has
+    none); by default it is replaced."""
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer=optax.adam(1e-2))
+    trainer.save(tmp_path / "run.ckpt")
+    before = (tmp_path / "run.ckpt").read_bytes()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with pytest.raises(ConfigError, match=r"save: .*run.ckpt exists and overwrite=False; give another path"):
+        trainer.save(tmp_path / "run.ckpt", overwrite=False)
+    assert (tmp_path / "run.ckpt").read_bytes() == before
+    trainer.save(tmp_path / "new.ckpt", overwrite=False)  # a new path is written
+    trainer.save(tmp_path / "run.ckpt")
+    assert (tmp_path / "run.ckpt").read_bytes() != before
+    assert len(ef.Trainer.load(tmp_path / "run.ckpt", _model(), optimizer=optax.adam(1e-2)).history.history["loss"]) == 1
+
+
+def _with_head(classes, extra=False, seed=0):
+    rng = np.random.default_rng(seed)
+    layers = [L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.LIF(H)]
+    if extra:
+        layers += [L.Linear(H, H, w_init=rng.normal(0, 0.3, (H, H)).astype(np.float32)), L.LIF(H)]
+    layers.append(L.LeakyRateReadout(H, classes, w_init=rng.normal(0, 0.3, (H, classes)).astype(np.float32)))
+    return ef.Sequential(*layers)
+
+
+def test_load_weights_skip_mismatch_loads_what_fits_and_names_what_it_kept(tmp_path):
+    """Keras' ``load_weights(skip_mismatch=True)``: a model whose head has another
+    number of classes takes the first layer's weights and keeps its own head; a model
+    with a layer the file lacks keeps that layer's; each kept weight is named in one
+    warning with the shapes. Without it the same file is refused and nothing changes."""
+    source = ef.Trainer(_with_head(2, seed=0))
+    source.save_weights(tmp_path / "w.ckpt")
+    saved = _weights(source)
+    three = ef.Trainer(_with_head(3, seed=1))
+    before = _weights(three)
+    with pytest.raises(CheckpointError, match=r"layers\.2\.weight"):
+        three.load_weights(tmp_path / "w.ckpt")
+    _equal(_weights(three), before)
+    with pytest.warns(UserWarning, match=r"skip_mismatch=True\) kept 1 of the model's weights and states as they "
+                                         r"were: layers\.2\.weight \(saved \[\(2,\), \(8, 2\)\], the model has "
+                                         r"\[\(3,\), \(8, 3\)\]\)"):
+        three.load_weights(tmp_path / "w.ckpt", skip_mismatch=True)
+    got = _weights(three)
+    _equal(got[("layers", 0, "weight")], saved[("layers", 0, "weight")])
+    _equal(got[("layers", 2, "weight")], before[("layers", 2, "weight")])
+    deeper = ef.Trainer(_with_head(2, extra=True, seed=2))
+    before = _weights(deeper)
+    with pytest.warns(UserWarning, match=r"kept 2 of .*layers\.2\.weight \(saved \[\(2,\), \(8, 2\)\], the model "
+                                         r"has \[\(8,\), \(8, 8\)\]\); layers\.4\.weight \(not in the file\)"):
+        deeper.load_weights(tmp_path / "w.ckpt", skip_mismatch=True)
+    got = _weights(deeper)
+    _equal(got[("layers", 0, "weight")], saved[("layers", 0, "weight")])
+    _equal(got[("layers", 4, "weight")], before[("layers", 4, "weight")])
+    same = ef.Trainer(_with_head(2, seed=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # everything fits: no warning
+        same.load_weights(tmp_path / "w.ckpt", skip_mismatch=True)
+    _equal(_weights(same), saved)
+
+
+def test_load_weights_skip_mismatch_keeps_a_long_term_state_the_file_lacks(tmp_path):
+    """A dropout key the file does not hold (the model gained a Dropout) stays the
+    model's own, named in the warning; the weights that fit load."""
+    ef.Trainer(_with_head(2, seed=0)).save_weights(tmp_path / "w.ckpt")
+    model = _with_head(2, seed=1)
+    model.layers.insert(2, L.Dropout(0.2, seed=0))
+    trainer = ef.Trainer(model)
+    keys = [np.asarray(s.value) for s in model.states().values() if type(s).__name__ == "DropoutKey"]
+    with pytest.warns(UserWarning, match=r"\(a long-term state not in the file\)"):
+        trainer.load_weights(tmp_path / "w.ckpt", skip_mismatch=True)
+    after = [np.asarray(s.value) for s in model.states().values() if type(s).__name__ == "DropoutKey"]
+    assert keys and all(np.array_equal(a, b) for a, b in zip(keys, after))
