@@ -30,6 +30,7 @@ from ..compiler import ETraceGraph, compile_graph, format_path
 from ..compiler.module_info import module_info
 from ..distributed import Placement, batch_axes, resolve_mesh
 from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
+from ..layers.base import Constrained
 from ..ops import etp_op_info
 from .base import traced_pairs
 from .esd_rtrl import resolve_decay
@@ -108,6 +109,16 @@ class CompiledSequence:
 
     def state_leaves(self) -> list:
         return self.module.state_leaves()
+
+    def constrain_leaves(self, weight_leaves) -> list:
+        """The weight leaves after each :class:`~etrace_fit.layers.Constrained` weight's
+        constraint (Keras': applied after an optimizer update); the others as they are."""
+        constrained = {s.path: s.state.constraint for s in self.module.weights if isinstance(s.state, Constrained)}
+        if not constrained:
+            return list(weight_leaves)
+        values = self.per_state(weight_leaves)
+        return self.weight_leaves({path: constrained[path](v) if path in constrained else v
+                                   for path, v in values.items()})
 
     def per_state(self, weight_leaves) -> dict:
         """Weight leaves (in ``module.weights`` order) regrouped per ParamState path."""

@@ -1169,9 +1169,10 @@ def build_online(
         return result + ((TraceState(traces, t),) if streaming else ())
 
     def run_with_updates(weight_leaves, state_leaves, xs_leaves, targets, optimizer, opt_state, every,
-                         collect=False, active=None, traces=None):
+                         collect=False, active=None, traces=None, project=None):
         """As ``run``, but applies ``optimizer`` every ``every`` steps inside the scan
-        (traces carry on across updates: true online learning). Returns ``(weights,
+        (traces carry on across updates: true online learning), then ``project`` to the
+        weight leaves (the weights' constraints) when given. Returns ``(weights,
         opt_state, losses, final state leaves)``, then a :class:`Collected` with
         ``collect`` and the final :class:`TraceState` when ``traces`` is given."""
         inputs, length = sequence_inputs(xs_leaves, targets, active)
@@ -1184,6 +1185,7 @@ def build_online(
             grads = weight_gradients(weights, weight_acc, pair_acc, others, last_inputs)
             updates, opt_state = optimizer.update(grads, opt_state, weights)
             weights = list(optax.apply_updates(weights, updates))
+            weights = weights if project is None else list(project(weights))
             inner = (others, traces, *zero_accumulators(weights), t)
             return weights, opt_state, inner, out
 

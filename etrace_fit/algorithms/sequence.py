@@ -224,7 +224,8 @@ def online_fit(
         if key not in compiled.updates:
             program = compiled.program
             compiled.updates[key] = jax.jit(
-                lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every),
+                lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every,
+                                                               project=compiled.constrain_leaves),
                 compiler_options=_compat.compiler_options())
         return compiled.updates[key]
 

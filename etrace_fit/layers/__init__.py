@@ -12,7 +12,7 @@ from .linear import Conv1d, Conv2d, Conv3d, Embedding, Flatten, Linear, LoRALine
 from .readout import LeakyRateReadout, LeakySpikeReadout
 from .rnn import GRUCell, LSTMCell, MGUCell, MinGRUCell, MinimalRNNCell, MinLSTMCell, URLSTMCell, VanillaRNNCell
 from .sequential import Sequential
-from .base import Neuron, SpikingLayer, decay, parameter, read, time_constant, training
+from .base import Constrained, Neuron, SpikingLayer, decay, parameter, read, time_constant, training
 from .lru import LRU
 from .spiking import ALIF, IF, LIF, RecurrentALIF, RecurrentLIF
 from .synapses import STP, AlphaSynapse, DualExpSynapse, ExpSynapse
@@ -81,5 +81,6 @@ __all__ = [
     "parameter",
     "read",
     "time_constant",
+    "Constrained",
     "training",
 ]

@@ -22,8 +22,8 @@ from brainstate.nn.init import Initializer as _Initializer
 from .. import _compat
 from ..errors import ConfigError, ShapeError
 
-__all__ = ["Decay", "Neuron", "SpikingLayer", "check_last_axis", "decay", "describe", "get_dt", "make_param",
-           "make_state", "parameter", "read", "time_constant"]
+__all__ = ["Constrained", "Decay", "MinTimeConstant", "TAU_MIN_STEPS", "Neuron", "SpikingLayer", "check_last_axis",
+           "decay", "describe", "get_dt", "make_param", "make_state", "parameter", "read", "time_constant"]
 
 Initializer = Callable[..., Any] | Any
 
@@ -232,8 +232,46 @@ def check_trailing_shape(layer: Any, x: Any, expected: tuple[int, ...]) -> None:
         raise ShapeError(f"{describe(layer)}: expected input of shape (..., {', '.join(map(str, expected))}), got x.shape={shape}")
 
 
+class Constrained(brainstate.ParamState):
+    """A weight with a constraint, Keras' sense: ``constraint(value) -> value`` projects
+    it back after every optimizer update (the Trainer's step, ``update_every`` inside
+    the sequence, ``ef.online_fit``); gradients are not changed. A layer of your own
+    declares one by holding its weight as ``Constrained(value, constraint=fn)``; ``fn``
+    runs inside the jitted step on the weight's value (its structure, its unit)."""
+
+    def __init__(self, value: Any, constraint: Callable[[Any], Any], **kwargs: Any):
+        super().__init__(value, **kwargs)
+        if not callable(constraint):
+            raise ConfigError(f"Constrained: constraint must be callable (value -> value), got {constraint!r}")
+        self.constraint = constraint
+
+
+#: A learned time constant is kept at or above this many steps (``dt`` times it): a
+#: gradient step had taken a LIF's τ from 2 to -7.9, a decay of 1.13 a step (the loss
+#: 230 -> 1011, no warning). At τ = dt/10 the decay is e^-10: no memory, and no
+#: gradient to move it on.
+TAU_MIN_STEPS = 0.1
+
+
+class MinTimeConstant:
+    """The constraint of a learned time constant: ``τ ← max(τ, TAU_MIN_STEPS · dt)``,
+    ``dt`` read from ``brainstate.environ`` where it runs (in the step)."""
+
+    def __call__(self, tau: Any) -> Any:
+        floor = TAU_MIN_STEPS * brainstate.environ.get_dt()
+        if isinstance(tau, u.Quantity) or isinstance(floor, u.Quantity):
+            floor = u.Quantity(floor).to(u.get_unit(tau)) if isinstance(tau, u.Quantity) else u.get_mantissa(floor)
+            mantissa = jnp.maximum(u.get_mantissa(tau), jnp.asarray(u.get_mantissa(floor), u.get_mantissa(tau).dtype))
+            return u.Quantity(mantissa, unit=u.get_unit(tau)) if isinstance(tau, u.Quantity) else mantissa
+        return jnp.maximum(tau, jnp.asarray(floor, jnp.asarray(tau).dtype))
+
+    def __repr__(self) -> str:
+        return f"MinTimeConstant(τ ≥ {TAU_MIN_STEPS:g} dt)"
+
+
 def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool, what: str = "tau") -> Any:
-    """A time constant broadcast to the layer's unit shape: a ``ParamState`` when learned.
+    """A time constant broadcast to the layer's unit shape: a :class:`Constrained`
+    ``ParamState`` when learned, kept at ``τ ≥ TAU_MIN_STEPS · dt`` after every update.
 
     Validates ``tau > 0``. A learned time constant is read through the elementwise ETP
     op by :func:`decay_of`, so the compiler relates it to the layer's hidden group.
@@ -250,7 +288,7 @@ def time_constant(layer: Any, tau: Any, size: int | tuple[int, ...], learn: bool
     unit = u.get_unit(tau) if isinstance(tau, u.Quantity) else None  # (get_unit makes a list a jax array)
     value = filled(mantissa, shape, brainstate.environ.dftype())
     value = value if unit is None or unit.is_unitless else u.Quantity(value, unit=unit)
-    return brainstate.ParamState(value) if learn else value
+    return Constrained(value, constraint=MinTimeConstant()) if learn else value
 
 
 def decay(layer: Any, tau: Any) -> jax.Array:

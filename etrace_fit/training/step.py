@@ -12,6 +12,7 @@ import optax
 from .. import _compat
 from ..algorithms.online import _assemble
 from ..compiler import format_path
+from ..layers.base import Constrained
 from .metrics import per_sample
 from .state import Reset, TrainState
 
@@ -122,6 +123,9 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     weights_at = list(module.weight_leaf_positions)
     others_at = [n for n in range(len(module.state_leaves())) if n not in set(weights_at)]
     every = update_every
+    # Keras' constraints, after every update (a learned time constant kept positive)
+    constraint_of = {format_path(s.path): s.state.constraint for s in module.weights
+                     if isinstance(s.state, Constrained)}
     # With the loss at every step nothing is skipped: no per-step branch at all.
     skips = loss_on != "all" and compiled.plan is not None and not regularized
     # The loss at the last step only: the steps before the final chunk evaluate neither
@@ -164,10 +168,12 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
                      for name, value in values.items()}
             updates, new_opt_state = optimizer.update(grads, state.opt_state, values)
             new_values = optax.apply_updates(values, updates)
+            new_values = {name: constraint_of[name](v) if name in constraint_of else v
+                          for name, v in new_values.items()}
         else:  # the optimizer runs inside the scan; its state is over the weight leaves
             weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
                 weights, state_leaves, xs_leaves, targets, optimizer, state.opt_state, every, collect=True,
-                traces=traces, **options)
+                traces=traces, project=compiled.constrain_leaves if constraint_of else None, **options)
             new_values = dict(values)
             new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
             grads = None

@@ -204,3 +204,24 @@ def test_hidden_state_errors_name_the_layer_and_state():
         cell.hidden("W", init=np.zeros(3))
     with pytest.raises(ef.ConfigError, match="size must be a positive int"):
         Cell(0)
+
+
+def test_the_pages_constrained_gain_is_clipped_after_every_update():
+    """The page's ``Gain`` holds its weight as ``layers.Constrained``: an update of -100
+    leaves it at the clip's floor, 0; the learned LIF's τ at 0.1·dt."""
+    import jax
+    import optax
+
+    ns = page_namespace()
+    down = optax.GradientTransformation(lambda p: optax.EmptyState(), lambda g, s, p=None: (
+        jax.tree.map(lambda v: jnp.full_like(v, -100.0), g), s))
+    rng = np.random.default_rng(0)
+    x, y = (rng.random((4, 6, I)) < 0.4).astype(np.float32), rng.integers(0, 2, 4)
+    with brainstate.environ.context(dt=1.0):
+        model = ef.Sequential(L.Linear(I, N), ns["Gain"](N), ns["LearnedLIF"](N), L.LeakyRateReadout(N, O))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            ef.Trainer(model, algo="d_rtrl", optimizer=down, loss_on="last").fit(x, y, batch_size=4, epochs=1,
+                                                                                 verbose=0)
+    np.testing.assert_array_equal(np.asarray(model.layers[1].gain.value), np.zeros(N))
+    np.testing.assert_allclose(np.asarray(model.layers[2].tau.value), 0.1, rtol=1e-6)
