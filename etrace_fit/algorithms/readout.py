@@ -288,8 +288,8 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
     is no memory to follow: the last dense ETP op drives no hidden group (a ``Linear``
     readout), drives more than one or one with several states, its step is not affine
     (a spiking readout's reset), its decay is learned (an elementwise relation into its
-    group: ``κ`` would differ per unit) or is not one number in ``(0, 1)``, or no group
-    reaches its input unit by unit."""
+    group: ``κ`` would differ per unit) or is not one number in ``(0, 1]`` (1: a readout
+    that only sums its input), or no group reaches its input unit by unit."""
     readouts = dense_readouts(graph)
     if not readouts:
         return None
@@ -305,7 +305,7 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
         low, high = readout_decay(graph, group)
     except jax.errors.ConcretizationTypeError:
         return None
-    if high - low > 1e-6 or not 0.0 < low <= high < 1.0:
+    if high - low > 1e-6 or not 0.0 < low <= high <= 1.0:
         return None
     v, _ = linear_tail(graph, readout_input(graph, readout))  # u = M v: the memory is kept per unit of v
     reading = tuple(g.index for g in graph.hidden_groups

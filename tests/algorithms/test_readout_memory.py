@@ -535,3 +535,35 @@ def test_a_dropout_after_the_flatten_keeps_the_memory_exact():
     assert type(model.layers[3]).__name__ == "Dropout"
     for path, f in fidelity.items():
         assert f.cosine == pytest.approx(1.0, abs=1e-9) and f.norm_ratio == pytest.approx(1.0, rel=1e-9), path
+
+
+class _Integrate(L.Neuron):
+    """A readout that only sums its input (``κ = 1``: a spike count kept as a state), as
+    a user writes one."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.hidden("r", init=0.0)
+
+    def update(self, x):
+        self.r.value = self.r.value + x
+        return self.r.value
+
+
+@pytest.mark.parametrize("placement", ["every", "last"])
+def test_a_readout_that_only_sums_is_followed_too(placement):
+    """``Linear → LIF → Linear → Integrate``: the sum is a memory with ``κ = 1`` (before,
+    only ``κ < 1`` was followed and the first weight was 0.95 off, warned)."""
+    case = Case(lambda: ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"), lin(N, O, 2),
+                                      _Integrate(O)), (T, B, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
+    flags = PLACEMENTS[placement]
+    ref_grads, _ = _reference(case, flags)
+    targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("error", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+        assert plan.readout is not None and plan.readout.kappa == pytest.approx(1.0)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        grads, _ = ef.sequence_grad(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+    assert_grads_match(jax.tree.map(np.asarray, grads), ref_grads, 1e-9)
