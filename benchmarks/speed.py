@@ -483,7 +483,8 @@ SUMMARY = [
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) reaches BPTT's "
     "accuracy in 0.89–1.07× BPTT's whole-run time, but reaches 0.93 1.02–1.40× later (0.98× with a "
     "compile cache). On another machine (2026-11-29, where BPTT's batch is slower): 0.68–0.69× the whole "
-    "run, 0.92× and 1.08× to 0.93 in two runs (performance log, twenty-fifth session). Both medians are a third epoch's end, so the start decides: the hybrid's batch takes "
+    "run, 0.92× and 1.08× to 0.93 in two runs (performance log, twenty-fifth session). Both medians are a "
+    "third epoch's end, so the start decides: the hybrid's batch takes "
     "0.92–0.97× BPTT's, but its step compiles in 1.8–1.9 s against 1.0–1.1 s (107 fusions against 73, each "
     "~18 ms of XLA's compile). The batch's lead is BPTT's page faults under glibc's default "
     "allocator; with its settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",

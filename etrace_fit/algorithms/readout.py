@@ -133,8 +133,9 @@ def linear_tail(graph: ETraceGraph, var: Any) -> tuple[Any, tuple[int, ...]]:
     the step's inputs and states do not move — the equations ``eqns`` (in order) each
     read one varying operand (the last's output) and fixed ones (literals, the weights,
     what is made of them): an average pooling's window sum and division, a transpose, a
-    reshape. ``(var, ())`` when its own equation is no such op. The readout memory keeps one trace state per
-    unit of ``v`` and meets it with ``Mᵀ ∂L/∂var`` (:func:`tail_transpose`)."""
+    reshape. ``(var, ())`` when its own equation is no such op. The readout memory keeps
+    one trace state per unit of ``v`` and meets it with ``Mᵀ ∂L/∂var``
+    (:func:`tail_transpose`)."""
     module = graph.module
     fixed_inputs = {v for w in module.weights for v in w.in_vars}
     fixed: set = set()

@@ -435,20 +435,29 @@ def test_d_rtrl_is_exact_through_a_flatten_before_the_leaky_readout(flat_case, p
     the readout's memory of every position's spikes (before: 0.77–0.85 relative error on
     the conv1d net, an ApproximationWarning), BPTT's to 1e-9 in float64, with no warning;
     the plan carries the memory on the neuron's pair."""
-    flags = PLACEMENTS[placement]
-    ref_grads, ref_losses = _reference(flat_case, flags)
-    targets = (flat_case.ys, jnp.asarray(flags, flat_case.ys.dtype))
-    with flat_case.env(), warnings.catch_warnings():
-        warnings.simplefilter("error", ef.ApproximationWarning)
-        brainstate.nn.reset_all_states(flat_case.model, batch_size=B)
-        graph, plan = ef.algorithms.plan_for(flat_case.model, flat_case.xs, targets, _weighted, algo="d_rtrl")
-        assert plan.readout is not None and [p.readout_memory for p in plan.pairs] == [True, False]
-        brainstate.nn.reset_all_states(flat_case.model, batch_size=B)
-        grads, losses = ef.sequence_grad(flat_case.model, flat_case.xs, targets, _weighted, algo="d_rtrl")
-    assert_losses_match(np.asarray(losses), ref_losses, 1e-12)
-    assert_grads_match(jax.tree.map(np.asarray, grads), ref_grads, 1e-9)
+    plan, ref_grads = _exact_with_memory(flat_case, placement)
+    assert [p.readout_memory for p in plan.pairs] == [True, False]
     first = leaves_by_name(ref_grads)
     assert max(float(np.abs(v).max()) for k, v in first.items() if k.startswith("layers.0.")) > 1e-3
+
+
+def _exact_with_memory(case, placement):
+    """D-RTRL on ``case`` with the loss placed as ``placement``: no ApproximationWarning,
+    a readout memory in the plan, the losses and every gradient BPTT's (1e-12, 1e-9 in
+    float64). Returns ``(plan, reference gradients)``."""
+    flags = PLACEMENTS[placement]
+    ref_grads, ref_losses = _reference(case, flags)
+    targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
+    with case.env(), warnings.catch_warnings():
+        warnings.simplefilter("error", ef.ApproximationWarning)
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        _, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+        assert plan.readout is not None
+        brainstate.nn.reset_all_states(case.model, batch_size=B)
+        grads, losses = ef.sequence_grad(case.model, case.xs, targets, _weighted, algo="d_rtrl")
+    assert_losses_match(np.asarray(losses), ref_losses, 1e-12)
+    assert_grads_match(jax.tree.map(np.asarray, grads), ref_grads, 1e-9)
+    return plan, ref_grads
 
 
 class _ChannelsFirst(brainstate.nn.Module):
@@ -556,14 +565,5 @@ def test_a_readout_that_only_sums_is_followed_too(placement):
     only ``κ < 1`` was followed and the first weight was 0.95 off, warned)."""
     case = Case(lambda: ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"), lin(N, O, 2),
                                       _Integrate(O)), (T, B, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
-    flags = PLACEMENTS[placement]
-    ref_grads, _ = _reference(case, flags)
-    targets = (case.ys, jnp.asarray(flags, case.ys.dtype))
-    with case.env(), warnings.catch_warnings():
-        warnings.simplefilter("error", ef.ApproximationWarning)
-        brainstate.nn.reset_all_states(case.model, batch_size=B)
-        graph, plan = ef.algorithms.plan_for(case.model, case.xs, targets, _weighted, algo="d_rtrl")
-        assert plan.readout is not None and plan.readout.kappa == pytest.approx(1.0)
-        brainstate.nn.reset_all_states(case.model, batch_size=B)
-        grads, _ = ef.sequence_grad(case.model, case.xs, targets, _weighted, algo="d_rtrl")
-    assert_grads_match(jax.tree.map(np.asarray, grads), ref_grads, 1e-9)
+    plan, _ = _exact_with_memory(case, placement)
+    assert plan.readout.kappa == pytest.approx(1.0)
