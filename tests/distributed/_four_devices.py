@@ -302,8 +302,29 @@ def docs():
     return {"devices": trainer.mesh.size, "memory": trainer.step_memory(namespace["x"], namespace["y"], 16)}
 
 
+def constraints():
+    """A learned time constant pushed past zero by an update of -100 is put back at
+    its floor (0.1 dt) on 4 devices as on one, the update_every path too."""
+    import jax.numpy as jnp
+
+    down = optax.GradientTransformation(lambda p: optax.EmptyState(), lambda g, s, p=None: (
+        jax.tree.map(lambda v: jnp.full_like(v, -100.0), g), s))
+    x, y = data(n=8)
+    found = {}
+    for name, options in (("step", {}), ("update_every", {"update_every": 3})):
+        model = ef.Sequential(layers.Linear(5, 8), layers.LIF(8, tau=4.0, learn_tau=True),
+                              layers.LeakyRateReadout(8, 3, tau=5.0, learn_tau=True))
+        trainer = ef.Trainer(model, algo="d_rtrl", optimizer=down, mesh=4, **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        found[name] = [np.asarray(model.layers[1].tau.value).tolist(), np.asarray(model.layers[2].tau.value).tolist()]
+    return found
+
+
 if __name__ == "__main__":
     brainstate.environ.set(precision=64, dt=1.0)
-    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli", "docs", "learner"]
+    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli", "docs",
+                             "learner", "constraints"]
     results = {part: globals()[part]() for part in parts}
     print(json.dumps(results))

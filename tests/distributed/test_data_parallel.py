@@ -188,3 +188,11 @@ def brainstate_seed(seed):
     import brainstate
 
     brainstate.random.seed(seed)
+
+
+def test_learned_time_constants_are_floored_on_four_devices(runs):
+    """layers.Constrained's projection runs in the split step too (the step and
+    update_every): every τ pushed past zero is back at 0.1 dt."""
+    for name, taus in runs["constraints"].items():
+        for tau in taus:
+            np.testing.assert_allclose(tau, 0.1, rtol=1e-9, err_msg=name)
