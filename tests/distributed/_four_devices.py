@@ -324,7 +324,7 @@ def constraints():
 
 if __name__ == "__main__":
     brainstate.environ.set(precision=64, dt=1.0)
-    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli", "docs",
-                             "learner", "constraints"]
+    parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli",
+                             "docs", "learner", "constraints"]
     results = {part: globals()[part]() for part in parts}
     print(json.dumps(results))
