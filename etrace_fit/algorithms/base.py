@@ -185,8 +185,10 @@ class TracedPair:
         patch: ``K`` (input features per position, bias column included).
         outputs: ``O`` (units per position).
         readout_memory: the group reaches a leaky readout unit by unit, and the pair
-            carries one more state per unit, ``ē``, for the readout's memory
-            (``readout.py``, docs/theory.md §5.10): ``S`` is the group's states + 1.
+            carries this many more states per unit for the readout's memory
+            (``readout.py``, docs/theory.md §5.10): one ``ē`` for a readout of one decay,
+            one per readout unit when their decays differ; ``S`` is the group's states
+            plus these (0: none).
         pattern: for a dense op whose weight function holds a fixed mask (a
             ``SparseLinear``, a masked ``Linear``), the entries ``(k, o)`` of the
             canonical ``(K, O)`` weight that can be nonzero (two int arrays, the bias
@@ -201,7 +203,7 @@ class TracedPair:
     positions: int = 1
     patch: int = 1
     outputs: int = 1
-    readout_memory: bool = False
+    readout_memory: int = 0
     pattern: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
@@ -222,7 +224,7 @@ class TracedPair:
 
     @property
     def num_states(self) -> int:
-        """``S``: the group's states, plus the readout memory's ``ē`` if carried."""
+        """``S``: the group's states, plus the readout memory's states if carried."""
         return self.group.num_states + int(self.readout_memory)
 
     @property

@@ -175,9 +175,10 @@ class DRTRL:
         step loop on steps without loss, where XLA fuses it with the step (the chunk's
         own loop cost more than such a trace's whole update: the demo 31 → 28 ms)."""
         zeros = self.zeros
-        if pair.readout_memory or self.extra_state:  # ē, the last state
-            last = self._states(pair) - 1
-            zeros = frozenset((s, last) for s in range(last))
+        extra = int(pair.readout_memory) + int(self.extra_state)  # ē states, the last ones
+        if extra:  # no other state reads them, and each reads itself alone
+            first, states = self._states(pair) - extra, self._states(pair)
+            zeros = frozenset((s, r) for r in range(first, states) for s in range(states) if s != r)
         entries = self._entries(pair)
         stepwise = self._numbers(pair) <= STEPWISE_NUMBERS
         return self._replace(zeros=zeros, stepwise=stepwise, entries=entries)

@@ -156,8 +156,12 @@ class Plan:
         if self.readout is not None:
             readout = self.graph.hidden_groups[self.readout.group].name
             reading = ", ".join(self.graph.hidden_groups[g].name for g in self.readout.reading)
-            memory = (f"\nreadout memory: {reading} → {readout} (κ = {self.readout.kappa:.4g}): one more trace state "
-                      f"per unit follows the readout's memory")
+            held = self.readout
+            memory = (f"\nreadout memory: {reading} → {readout} (κ = {held.kappa:.4g}): one more trace state "
+                      f"per unit follows the readout's memory" if not held.units else
+                      f"\nreadout memory: {reading} → {readout} (κ = {held.kappa_range[0]:.4g}–"
+                      f"{held.kappa_range[1]:.4g}, one per readout unit): {held.units} more trace states per unit "
+                      f"follow the readout's memory, one for each readout unit")
         return (self.graph.report(self.resolved()) + f"\n\nonline rules (batch {self.batch}, traces "
                 f"{jnp.dtype(self.trace_dtype).name}, total {total}: {format_bytes(self.bytes_per_sample())} per sample"
                 f"{budget}):\n" + "\n".join(lines) + memory
@@ -218,7 +222,7 @@ def with_readout_memory(graph: ETraceGraph, pairs: tuple[TracedPair, ...]):
     readout = readout_memory(graph)
     if readout is None:
         return pairs, None
-    return tuple(dataclasses.replace(p, readout_memory=True) if p.group.index in readout.reading else p
+    return tuple(dataclasses.replace(p, readout_memory=readout.states) if p.group.index in readout.reading else p
                  for p in pairs), readout
 
 

@@ -30,6 +30,7 @@ from jax import lax
 from .. import _compat
 from ..compiler import ETraceGraph, group_jacobian
 from ..compiler._dataflow import cut_step
+from ..errors import CompilationError
 from ..ops import etp_op_info
 from ..ops.dense import matmul_of_parts, weight_rows
 from .base import Derivation, Derived, Fixed, PairSignals, Rule, TracedPair, gram, joined_states, scalar_loss
@@ -224,6 +225,10 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         # u = M v (a pooling, a transpose before the readout; readout.linear_tail): the
         # memory is kept per unit of v, met by Mᵀ ∂L/∂u.
         memory_v, memory_tail = linear_tail(graph, readout_x)
+        if readout.units:  # a memory state per readout unit: its signal needs the readout's operands
+            for var in readout_eqn.invars:
+                if not isinstance(var, _compat.Literal):
+                    capture[var] = True
     # where the memory reads its units: (equation, operand) of v (u: the readout's input)
     memory_at = ((memory_tail[0], [n for n, v in enumerate(eqns[memory_tail[0]].invars) if v is memory_v][0])
                  if memory_tail else (readout.readout, readout_x_index) if memory_pairs else None)
@@ -471,6 +476,37 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         return jnp.stack([jax.jvp(lambda v: readout_input(s, v), (h,), (jnp.ones_like(h),))[1]
                           for s, h in enumerate(states)], axis=-1)
 
+    def readout_memory_signals(x_signal, kappa, captured, output_grad_of, args):
+        """The readout memory's signals and decays at this step: ``[Mᵀ ∂L/∂u]`` and
+        ``[κ (B,)]`` for a readout of one decay; with one memory state per readout unit
+        ``o``, ``[Mᵀ (W[:, o] ∂L/∂y_o)]`` and ``[κ_o]`` (``y`` the readout op's output,
+        which drives the readout: ``∂L/∂y = ∂L/∂r``). ``x_signal`` None: no signal
+        (a step without loss)."""
+        if not readout.units:
+            kappas = [kappa[:, 0]]
+            if x_signal is None or not memory_tail:
+                return [x_signal], kappas
+            return [tail_transpose(graph, memory_tail, consts, args, memory_v, x_signal)], kappas
+        kappas = [kappa[:, o] for o in range(readout.units)]
+        if x_signal is None:
+            return [None] * readout.units, kappas
+        if readout.readout not in output_grad_of:
+            raise CompilationError("the readout memory per readout unit needs the readout op's output cotangent; "
+                                   "its weight is not traced")
+        invals = [v.val if isinstance(v, _compat.Literal) else captured[v] for v in readout_eqn.invars]
+
+        def drive(x):
+            return _compat.eval_equation(readout_eqn, [*invals[:readout_x_index], x, *invals[readout_x_index + 1:]])[0]
+
+        pull = jax.vjp(drive, invals[readout_x_index])[1]
+        dy = output_grad_of[readout.readout]
+        signals_ = []
+        for o in range(readout.units):  # ∂L/∂y_o through the readout's column o alone
+            signal = pull(dy * (jnp.arange(dy.shape[-1]) == o).astype(dy.dtype))[0]
+            signals_.append(tail_transpose(graph, memory_tail, consts, args, memory_v, signal) if memory_tail
+                            else signal)
+        return signals_, kappas
+
     def signals(weights, others, input_leaves, target, active=None, prepared=None, pre=None):
         weights, others, input_leaves = list(weights), list(others), list(input_leaves)
         leaves = assemble(weights, others)
@@ -527,9 +563,11 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
         jacobians, sensitivities, memory = transition_derivatives(leaves, input_leaves, captured)
         signal_of = {s.path: hidden_signals[k] for k, s in enumerate(hidden)}
         pair_signals, one_step_taken, columns = [], set(), {}
-        memory_signal = x_signal
-        if memory_pairs and memory_tail and x_signal is not None:  # ∂L/∂v = Mᵀ ∂L/∂u
-            memory_signal = tail_transpose(graph, memory_tail, consts, [*input_leaves, *leaves], memory_v, x_signal)
+        memory_signals = memory_kappas = None
+        if memory_pairs:
+            memory_signals, memory_kappas = readout_memory_signals(
+                x_signal, jacobians[readout.group][0][0].reshape(hidden_prev[0].shape[0], -1), captured,
+                output_grad_of, [*input_leaves, *leaves])
 
         def canonical_x(pair, x, params, batch):
             # Pairs whose dense ops read one input (an LSTM's four gates on ``[x, h]``) get one
@@ -560,8 +598,8 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                 u_y = sum(per_state[..., s] * Df[s] for s in states)
                 L = None if active is False else units(x_signal, 0)
                 D, Df, G = _with_memory_state(D, Df, None if L is None else [L * u for u in u_prev],
-                                              kappa=jnp.full((batch,), feedback.kappa, Df[0].dtype),
-                                              u_prev=u_prev, u_y=u_y, u_signal=L)
+                                              kappas=[jnp.full((batch,), feedback.kappa, Df[0].dtype)],
+                                              u_prev=u_prev, u_y=u_y, u_signals=None if L is None else [L])
                 pair_signals.append(PairSignals(
                     X=canonical_x(pair, x, eqn.params, batch), D=_cast(D, signal_dtype),
                     Df=_cast(Df, signal_dtype), G=_cast(G, signal_dtype),
@@ -574,10 +612,9 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                 G = tuple(units(signal_of[path], 0) for path in pair.group.paths)
             if pair.index in memory_pairs:
                 D, Df, G = _with_memory_state(
-                    D, Df, G, kappa=jacobians[readout.group][0][0].reshape(batch, -1)[:, 0],
-                    u_prev=[units(u, 0) for u in memory[pair.group.index]],
+                    D, Df, G, kappas=memory_kappas, u_prev=[units(u, 0) for u in memory[pair.group.index]],
                     u_y=units(memory[("y", index)], 0),
-                    u_signal=None if G is None else units(memory_signal, 0))
+                    u_signals=None if G is None else [units(signal, 0) for signal in memory_signals])
             # Split per state (base.split_states); a rule that reads the canonical form
             # gets it joined where the engine hands the signals over.
             pair_signals.append(PairSignals(
@@ -594,18 +631,23 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
                        on_inputs=on_inputs)
 
 
-def _with_memory_state(D, Df, G, *, kappa, u_prev, u_y, u_signal):
-    """Split signals with one more state per unit, ``ē^t = u_prev·ε^{t-1} + κ ē^{t-1} +
-    u_y x^t``, met by the signal ``κ·u_signal``; no other state depends on ``ē``
-    (``D[s][S]`` is ``None``). The readout memory (docs/theory.md §5.10: ``u`` the
-    readout's input, ``u_prev = ∂u^t/∂h^{t-1}``, ``u_y = ∂u^t/∂y^t``, ``u_signal =
-    ∂L^t/∂u^t``, ``κ (B,)`` read off the readout's Jacobian at this step) and e-prop's
-    filtered eligibility (``eprop.EPropRule``) are both this."""
-    k = jnp.broadcast_to(kappa.reshape(-1, 1, 1).astype(Df[0].dtype), Df[0].shape)
-    D = tuple(tuple(row) + (None,) for row in D) + (tuple(u.astype(Df[0].dtype) for u in u_prev) + (k,),)
-    Df = tuple(Df) + (u_y.astype(Df[0].dtype),)
+def _with_memory_state(D, Df, G, *, kappas, u_prev, u_y, u_signals):
+    """Split signals with one more state per unit for each entry of ``kappas``,
+    ``ē_m^t = u_prev·ε^{t-1} + κ_m ē_m^{t-1} + u_y x^t``, met by the signal
+    ``κ_m·u_signals[m]``; no state but ``ē_m`` itself reads ``ē_m`` (``None`` entries
+    of ``D``). The readout memory (docs/theory.md §5.10: ``u`` the readout's input,
+    ``u_prev = ∂u^t/∂h^{t-1}``, ``u_y = ∂u^t/∂y^t``, ``u_signals`` ``[∂L^t/∂u^t]``, or one
+    per readout unit ``o`` when the decays differ, ``κ_m (B,)`` read off the readout's
+    Jacobian at this step) and e-prop's filtered eligibility (``eprop.EPropRule``) are
+    all this."""
+    dtype, m = Df[0].dtype, len(kappas)
+    ks = [jnp.broadcast_to(k.reshape(-1, 1, 1).astype(dtype), Df[0].shape) for k in kappas]
+    rows = tuple(tuple(u.astype(dtype) for u in u_prev) + tuple(k if j == i else None for j in range(m))
+                 for i, k in enumerate(ks))
+    D = tuple(tuple(row) + (None,) * m for row in D) + rows
+    Df = tuple(Df) + (u_y.astype(dtype),) * m
     if G is not None:
-        G = tuple(G) + ((k * u_signal).astype(G[0].dtype),)
+        G = tuple(G) + tuple((k * signal).astype(G[0].dtype) for k, signal in zip(ks, u_signals))
     return D, Df, G
 
 

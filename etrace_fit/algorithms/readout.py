@@ -41,13 +41,30 @@ class ReadoutMemory:
         reading: the hidden groups whose new states reach the readout's input unit by
             unit; their pairs carry the extra state.
         kappa: ``κ`` at the states the plan was made at (the step reads it again at
-            every step from the readout's Jacobian).
+            every step from the readout's Jacobian); the mean of the units' with ``units``.
+        units: 0 when ``κ`` is one number (one more trace state per unit read); else the
+            readout's units, whose decays differ (a learned or per-unit ``τ``): one memory
+            state per readout unit (docs/theory.md §5.10).
+        kappa_range: the smallest and largest ``κ`` (the report's).
     """
 
     readout: int
     group: int
     reading: tuple[int, ...]
     kappa: float
+    units: int = 0
+    kappa_range: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def states(self) -> int:
+        """The trace states each pair of a read group carries for the memory."""
+        return self.units or 1
+
+
+#: A readout whose units decay at different rates is followed with one memory state per
+#: readout unit (the trace of each weight it reads grows by that many states) up to this
+#: many units; beyond, the memory is not followed (an approximate gradient, warned).
+MAX_MEMORY_UNITS = 32
 
 
 def dense_readouts(graph: ETraceGraph) -> list[int]:
@@ -128,6 +145,19 @@ _TAIL_OPS = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose
              "concatenate", "stack"}
 
 
+def _fixed_vars(graph: ETraceGraph) -> set:
+    """The step's variables that no input or state but the weights moves: the weights,
+    and what the step makes of them and of constants alone (not through a trainable
+    dense or conv op): a learned ``τ``'s decay, a pooling's count."""
+    module = graph.module
+    fixed = {v for w in module.weights for v in w.in_vars}
+    for eqn in module.jaxpr.eqns:
+        operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+        if all(v in fixed for v in operands) and not is_boundary(eqn):
+            fixed.update(eqn.outvars)
+    return fixed
+
+
 def linear_tail(graph: ETraceGraph, var: Any) -> tuple[Any, tuple[int, ...]]:
     """``(v, eqns)``: ``var`` as ``M v + c``, ``M`` a linear map and ``c`` a constant that
     the step's inputs and states do not move — the equations ``eqns`` (in order) each
@@ -137,23 +167,15 @@ def linear_tail(graph: ETraceGraph, var: Any) -> tuple[Any, tuple[int, ...]]:
     one trace state per unit of ``v`` and meets it with ``Mᵀ ∂L/∂var``
     (:func:`tail_transpose`)."""
     module = graph.module
-    fixed_inputs = {v for w in module.weights for v in w.in_vars}
-    fixed: set = set()
-    producer = {}
-    for index, eqn in enumerate(module.jaxpr.eqns):
-        for out in eqn.outvars:
-            producer[out] = index
-        operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
-        if all(v in fixed or v in fixed_inputs for v in operands) and not is_boundary(eqn):
-            fixed.update(eqn.outvars)
+    fixed = _fixed_vars(graph)
+    producer = {out: index for index, eqn in enumerate(module.jaxpr.eqns) for out in eqn.outvars}
     eqns = module.jaxpr.eqns
     chain = []
     while var in producer:
         eqn = eqns[producer[var]]
         if eqn.primitive.name not in _TAIL_OPS or len(eqn.outvars) != 1 or var in fixed:
             break
-        varying = [n for n, v in enumerate(eqn.invars)
-                   if not isinstance(v, _compat.Literal) and v not in fixed and v not in fixed_inputs]
+        varying = [n for n, v in enumerate(eqn.invars) if not isinstance(v, _compat.Literal) and v not in fixed]
         if len(varying) != 1 or (eqn.primitive.name == "div" and varying != [0]):
             break
         chain.append(producer[var])
@@ -227,10 +249,15 @@ _LINEAR = {"add", "add_any", "sub", "neg", "convert_element_type", "copy", "copy
 def is_affine(graph: ETraceGraph, group: Any) -> bool:
     """Whether ``group``'s new states are affine in its previous states and the outputs
     of the relations that drive it, with coefficients that no state or input moves:
-    ``h^t = κ h^{t−1} + c y^t + b``. A reset, a spike or a gate (``LeakySpikeReadout``)
-    is not: its decay depends on the state, and one ``ē`` could not follow it."""
+    ``h^t = κ h^{t−1} + c y^t + b`` (``κ`` may be an elementwise relation's output that
+    only a weight moves: a learned ``τ``). A reset, a spike or a gate
+    (``LeakySpikeReadout``) is not: its decay depends on the state, and no ``ē`` could
+    follow it."""
     module = graph.module
     previous, driving = _previous_and_driving(graph, group)
+    # a relation's output that only the weights move (a learned τ's decay) is a coefficient
+    fixed = _fixed_vars(graph)
+    driving = [v for v in driving if v not in fixed]
     reached = set(previous) | set(driving)
     varying = set(module.input_vars) | {s.in_vars[0] for s in module.hidden} | reached
     nonlinear: set = set()
@@ -288,9 +315,9 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
     """The step's leaky readout and the groups that read into it, or ``None`` when there
     is no memory to follow: the last dense ETP op drives no hidden group (a ``Linear``
     readout), drives more than one or one with several states, its step is not affine
-    (a spiking readout's reset), its decay is learned (an elementwise relation into its
-    group: ``κ`` would differ per unit) or is not one number in ``(0, 1]`` (1: a readout
-    that only sums its input), or no group reaches its input unit by unit."""
+    (a spiking readout's reset), a decay is not in ``(0, 1]`` (1: a readout that only
+    sums its input), the decays differ per unit (a learned or per-unit ``τ``) over more
+    than :data:`MAX_MEMORY_UNITS` units, or no group reaches its input unit by unit."""
     readouts = dense_readouts(graph)
     if not readouts:
         return None
@@ -300,17 +327,23 @@ def readout_memory(graph: ETraceGraph) -> ReadoutMemory | None:
         return None
     group = graph.hidden_groups[driven.pop()]
     learned_decay = any(r.op_kind == "elementwise" and group.index in r.hidden_groups for r in graph.relations)
-    if group.num_states != 1 or not group.elementwise or learned_decay or not is_affine(graph, group):
+    if group.num_states != 1 or not group.elementwise or not is_affine(graph, group):
         return None
     try:
         low, high = readout_decay(graph, group)
     except jax.errors.ConcretizationTypeError:
         return None
-    if high - low > 1e-6 or not 0.0 < low <= high <= 1.0:
+    if not 0.0 < low <= high <= 1.0:
+        return None
+    units = math.prod(group.shape[1:])
+    # a learned τ may start uniform; it will not stay so
+    per_unit = learned_decay or high - low > 1e-6
+    if per_unit and units > MAX_MEMORY_UNITS:
         return None
     v, _ = linear_tail(graph, readout_input(graph, readout))  # u = M v: the memory is kept per unit of v
     reading = tuple(g.index for g in graph.hidden_groups
                     if g.index != group.index and g.elementwise and reads_unit_by_unit(graph, g, v))
     if not reading:
         return None
-    return ReadoutMemory(readout=readout, group=group.index, reading=reading, kappa=(low + high) / 2)
+    return ReadoutMemory(readout=readout, group=group.index, reading=reading, kappa=(low + high) / 2,
+                         units=units if per_unit else 0, kappa_range=(low, high))

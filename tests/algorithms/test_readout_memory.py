@@ -135,12 +135,44 @@ def test_report_and_plan_name_the_readout_memory():
     assert learner.plan.trace_bytes(1)[0] == (I + 1) * N * 2 * jnp.dtype(learner.plan.trace_dtype).itemsize
 
 
-def test_learned_readout_decay_keeps_the_approximation_and_says_so():
-    """A learned τ differs per output unit: one ``ē`` cannot follow it, so no readout
-    memory, and the report keeps the compiler's reason (the gradient is approximate)."""
-    build = lambda: ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"),
-                                  L.LeakyRateReadout(N, O, tau=TAU_OUT, w_init=rand(2, N, O), learn_tau=True))
-    case = Case(build, (T, B, I), (T, B, O), 64)
+def _per_unit_readout(kind):
+    """A readout whose units decay at different rates: τ learned (from one value: it will
+    not stay one) or fixed per unit."""
+    if kind == "learned":
+        return L.LeakyRateReadout(N, O, tau=TAU_OUT, w_init=rand(2, N, O), b_init=rand(3, O, scale=0.1),
+                                  learn_tau=True)
+    return L.LeakyRateReadout(N, O, tau=np.array([2.0, 5.0, 12.0]), w_init=rand(2, N, O),
+                              b_init=rand(3, O, scale=0.1))
+
+
+@pytest.mark.parametrize("kind", ["learned", "per_unit"])
+@pytest.mark.parametrize("placement", ["every", "last"])
+def test_a_readout_whose_units_decay_apart_gets_a_memory_state_per_readout_unit(kind, placement):
+    """A learned or per-unit readout τ: ``κ`` differs per readout unit, so one ``ē`` per
+    unit read cannot follow the memory; one memory state per readout unit does
+    (``ē_o^t = κ_o ē_o^{t−1} + du^t/dθ``, met by ``κ_o W[:, o] ∂L/∂y_o``). Every weight,
+    the learned τ's included, gets BPTT's gradient (before: the hidden weight
+    approximate, warned)."""
+    case = Case(lambda: ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"),
+                                      _per_unit_readout(kind)), (T, B, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
+    plan, _ = _exact_with_memory(case, placement)
+    assert plan.readout.units == O and [p.readout_memory for p in plan.pairs] == [O, 0, 0][:len(plan.pairs)]
+    assert plan.pairs[0].num_states == 1 + O
+    with case.env():
+        report = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl").report()
+    assert f"{O} more trace states per unit follow the readout's memory, one for each readout unit" in report
+    assert "every weight gets its exact (BPTT) gradient" in report
+
+
+def test_a_readout_of_many_units_decaying_apart_is_not_followed():
+    """Over ``MAX_MEMORY_UNITS`` readout units the trace would grow by as many states:
+    not followed, the compiler's reason stays (approximate, warned)."""
+    from etrace_fit.algorithms.readout import MAX_MEMORY_UNITS
+
+    many = MAX_MEMORY_UNITS + 1
+    build = lambda: ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N, tau=10.0, surrogate="sigmoid"),  # noqa: E731
+                                  L.LeakyRateReadout(N, many, tau=TAU_OUT, w_init=rand(2, N, many), learn_tau=True))
+    case = Case(build, (T, B, I), (T, B, many), 64)
     with case.env():
         learner = ef.compile(case.model, case.xs[0], mse, algo="d_rtrl")
     assert learner.plan.readout is None
