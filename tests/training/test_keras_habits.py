@@ -237,8 +237,10 @@ def test_summary_lists_layers_params_hidden_states_rules_and_trace_memory():
     assert f"Total params: {C * H + H + H * 2 + 2:,}" in text
     assert "Trace memory:" in text and "per sample" in text
     assert "Every weight gets its exact (BPTT) gradient" in text  # the readout's memory is followed
+    spiking = ef.Trainer(_model(L.LeakySpikeReadout(H, 2)), algo="d_rtrl").summary(x, print_fn=None)
+    assert "Approximate online gradients: layers.0.weight" in spiking  # a spiking readout's memory is not followed
     learned = ef.Trainer(_model(L.LeakyRateReadout(H, 2, learn_tau=True)), algo="d_rtrl").summary(x, print_fn=None)
-    assert "Approximate online gradients: layers.0.weight" in learned
+    assert "Every weight gets its exact (BPTT) gradient" in learned  # one memory state per readout unit
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the plan summary(x) made is the one fit uses
     assert trainer.rules == {"layers.0.weight": "d_rtrl", "layers.2.weight": "d_rtrl"}
     bptt = ef.Trainer(_model(), algo="bptt").summary(x, print_fn=None)
