@@ -500,12 +500,13 @@ def build_step_program(graph: ETraceGraph, pairs: tuple[TracedPair, ...], step_l
 
         pull = jax.vjp(drive, invals[readout_x_index])[1]
         dy = output_grad_of[readout.readout]
-        signals_ = []
-        for o in range(readout.units):  # ∂L/∂y_o through the readout's column o alone
-            signal = pull(dy * (jnp.arange(dy.shape[-1]) == o).astype(dy.dtype))[0]
-            signals_.append(tail_transpose(graph, memory_tail, consts, args, memory_v, signal) if memory_tail
-                            else signal)
-        return signals_, kappas
+        # ∂L/∂y_o through the readout's column o alone, every o in one batched pull-back
+        # (traced once: a loop traced the step's tail once per readout unit)
+        picked = dy[None] * jnp.eye(readout.units, dtype=dy.dtype)[:, None, :]
+        signals_ = jax.vmap(lambda c: pull(c)[0])(picked)
+        if memory_tail:
+            signals_ = jax.vmap(lambda c: tail_transpose(graph, memory_tail, consts, args, memory_v, c))(signals_)
+        return list(signals_), kappas
 
     def signals(weights, others, input_leaves, target, active=None, prepared=None, pre=None):
         weights, others, input_leaves = list(weights), list(others), list(input_leaves)

@@ -599,3 +599,15 @@ def test_a_readout_that_only_sums_is_followed_too(placement):
                                       _Integrate(O)), (T, B, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
     plan, _ = _exact_with_memory(case, placement)
     assert plan.readout.kappa == pytest.approx(1.0)
+
+
+def test_a_learned_readout_tau_after_a_pooling_is_followed_too():
+    """Both at once: one memory state per readout unit, each met through ``Mᵀ`` of the
+    average pooling and flatten before the readout (one batched pull-back per step)."""
+    build = lambda: ef.Sequential(  # noqa: E731
+        L.Conv1d(I, C, 3, padding="SAME", w_init=rand(20, 3, I, C, scale=0.6), b_init=rand(21, C, scale=0.3)),
+        L.LIF((LC, C), tau=10.0, surrogate="sigmoid"), L.AvgPool1d(2), L.Flatten(),
+        L.LeakyRateReadout(LC // 2 * C, O, tau=TAU_OUT, w_init=rand(30, LC // 2 * C, O, scale=0.7), learn_tau=True))
+    case = Case(build, (T, B, LC, I), (T, B, O), 64, x_scale=1.0, x_shift=0.5)
+    plan, _ = _exact_with_memory(case, "every")
+    assert plan.readout.units == O and plan.pairs[0].readout_memory == O
