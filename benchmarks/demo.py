@@ -12,10 +12,12 @@ as each ``etrace-fit train`` is: runs in one process had changed one another's t
 order bptt, hybrid both took 15.2–15.3 s). The table gives, per algo, the median over
 seeds of the final validation accuracy and of the wall time of ``fit`` (compilation
 included, as a user sees it; the process's start and imports not), and their ratio to
-the last algo, and the first seed's time on its own. With ``--compile-cache fresh`` the
-runs share a compile cache that starts empty (``etrace-fit train --compile-cache``):
-each algo's first seed compiles its programs, its later seeds read them (by default
-every run compiles, as the command does by default). ``benchmarks/speed.py --write-docs``
+the last algo, and the first seed's time on its own. By default (``--compile-cache
+fresh``) the runs share a compile cache that starts empty, as the command's default
+cache does on a fresh machine (``etrace-fit train`` keeps its compiled programs in
+``~/.cache/etrace_fit/compiled``): each algo's first seed compiles its programs, its
+later seeds read them; with ``--compile-cache none`` every run compiles, as the
+command did before it kept a cache. ``benchmarks/speed.py --write-docs``
 copies the table into ``docs/performance.md`` when the JSON is there.
 """
 
@@ -103,10 +105,10 @@ def main() -> None:
     parser.add_argument("--json", help="write the runs here")
     parser.add_argument("--epochs", type=int, help="fewer epochs than the task's (a smoke run)")
     parser.add_argument("--samples", type=int, help="fewer training sequences than the task's (a smoke run)")
-    parser.add_argument("--compile-cache", choices=["fresh", "none"], default="none",
-                        help="none (default, the command's default): every run compiles; fresh: the runs share "
-                             "a compile cache that starts empty (the first seed of each algo compiles, the later "
-                             "ones read its programs)")
+    parser.add_argument("--compile-cache", choices=["fresh", "none"], default="fresh",
+                        help="fresh (default, the command's default cache on a fresh machine): the runs share a "
+                             "compile cache that starts empty (the first seed of each algo compiles, the later "
+                             "ones read its programs); none: every run compiles")
     args = parser.parse_args()
     results: dict = {algo: [] for algo in args.algos}
     with tempfile.TemporaryDirectory(prefix="etrace-fit-demo-cache-") as folder:

@@ -127,14 +127,17 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     added, every program came from the folder — while a run with more epochs (another
     learning-rate schedule in the step) adds its step (and its optimizer's start); ``$ETRACE_FIT_COMPILE_CACHE``
     names the folder when the option does not, and ``none`` keeps none; when neither
-    says, JAX's own cache setting stands. Fresh processes: JAX decides on its cache once
-    per process."""
+    says, JAX's own cache setting stands (``$JAX_ENABLE_COMPILATION_CACHE=false`` keeps
+    none), and when JAX has none either, the programs go to
+    ``$XDG_CACHE_HOME/etrace_fit/compiled``. Fresh processes: JAX decides on its cache
+    once per process."""
     cache, unused = tmp_path / "cache", tmp_path / "unused"
     argv = [sys.executable, "-m", "etrace_fit", "train", "--task", "rate", "--epochs", "1", "--samples", "32",
             "--val-samples", "16", "--batch-size", "16", "--logdir", "none", "--verbose", "0"]
 
     def train(*extra, variable="none", **environment):
-        env = {**os.environ, "ETRACE_FIT_COMPILE_CACHE": variable, **environment}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != "XDG_CACHE_HOME"},
+               "ETRACE_FIT_COMPILE_CACHE": variable, "XDG_CACHE_HOME": str(tmp_path / "xdg"), **environment}
         if variable is None:
             del env["ETRACE_FIT_COMPILE_CACHE"]
         done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=600, env=env)
@@ -143,7 +146,7 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
 
     train("--compile-cache", str(cache), "--seed", "1")
     (host,) = cache.iterdir()  # one subfolder: this machine's kind of CPU
-    first = sorted(p.name for p in host.iterdir())
+    first, first_host = sorted(p.name for p in host.iterdir()), host.name
     assert any(name.startswith("jit_train_step") for name in first), first  # the training step is there
     train("--seed", "2", variable=str(cache))
     assert sorted(p.name for p in host.iterdir()) == first
@@ -157,6 +160,49 @@ def test_a_second_run_reads_its_compiled_programs_from_the_compile_cache(tmp_pat
     jax_own = tmp_path / "jax"  # neither says: JAX's variables decide
     train(variable=None, JAX_COMPILATION_CACHE_DIR=str(jax_own), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     assert any(p.name.startswith("jit_train_step") for p in jax_own.iterdir())
+    assert not (tmp_path / "xdg" / "etrace_fit").exists()
+    train(variable=None, JAX_ENABLE_COMPILATION_CACHE="false")
+    assert not (tmp_path / "xdg" / "etrace_fit").exists()
+    train(variable=None)  # nothing says: the default folder
+    (host,) = (tmp_path / "xdg" / "etrace_fit" / "compiled").iterdir()
+    assert host.name == first_host and any(p.name.startswith("jit_train_step") for p in host.iterdir())
+
+
+def test_the_default_compile_cache_keeps_within_its_limit(tmp_path):
+    """Past its limit the cache loses its least recently used files first, down to three
+    quarters of the limit; within it nothing goes."""
+    from etrace_fit.tasks import prune_compile_cache
+
+    host = tmp_path / "cpu"
+    host.mkdir()
+    for age, name in enumerate(["newest", "newer", "older", "oldest"]):
+        path = host / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1e9 - age * 1000, 1e9 - age * 1000))
+    assert prune_compile_cache(tmp_path, limit=400) == 0 and len(list(host.iterdir())) == 4
+    assert prune_compile_cache(tmp_path, limit=300) == 200  # to 225 bytes: the two oldest go
+    assert sorted(p.name for p in host.iterdir()) == ["newer", "newest"]
+    path = host / "newer"
+    os.utime(path, (1e9 + 5000, 1e9 - 1000))  # read lately: its access time counts
+    assert prune_compile_cache(tmp_path, limit=150) == 100
+    assert [p.name for p in host.iterdir()] == ["newer"]
+
+
+def test_a_default_compile_cache_that_cannot_be_made_warns_and_trains(tmp_path):
+    """The default folder is the command's choice, not the user's: when it cannot be made
+    (here its parent is a file) the run warns, naming the folder and the options, and
+    trains without a cache."""
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")}, "XDG_CACHE_HOME": str(taken)}
+    del env["ETRACE_FIT_COMPILE_CACHE"]
+    done = subprocess.run([sys.executable, "-m", "etrace_fit", "train", "--task", "rate", "--epochs", "1",
+                           "--samples", "32", "--val-samples", "16", "--batch-size", "16", "--logdir", "none",
+                           "--verbose", "0"], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validation accuracy" in done.stdout
+    assert f"no compile cache: cannot make '{taken}/etrace_fit/compiled'" in done.stderr
+    assert "--compile-cache DIR" in done.stderr
 
 
 @pytest.mark.parametrize("option, fragment", [
