@@ -20,7 +20,8 @@ if _X64 and not _jax.config.jax_enable_x64:
     _jax.config.update("jax_enable_x64", True)
 del _brainstate, _X64
 
-from . import algorithms, callbacks, compiler, datasets, distributed, errors, layers, ops, training  # noqa: E402
+from . import (algorithms, callbacks, compiler, constraints, datasets, distributed, errors,  # noqa: E402
+               layers, ops, training)
 from .algorithms import Learner, LearnerState, compile, gradient_fidelity, online_fit, sequence_grad
 from .compiler import ETraceGraph, compile_graph
 from .errors import (ApproximationWarning, CheckpointError, CompilationError, ConfigError, DataError, EtraceError,
@@ -50,6 +51,7 @@ __all__ = [
     "compile",
     "compile_graph",
     "compiler",
+    "constraints",
     "datasets",
     "distributed",
     "errors",

@@ -246,6 +246,46 @@ class Constrained(brainstate.ParamState):
         self.constraint = constraint
 
 
+
+class EntryConstraints:
+    """The constraint of a layer's ``{"weight": W, "bias": b}`` state: each entry's own
+    (Keras' ``kernel_constraint`` and ``bias_constraint``); the weight's sees ``W ⊙ mask``
+    when the layer has a mask, so a norm counts the connections present only."""
+
+    def __init__(self, constraints: dict[str, Callable[[Any], Any]], mask: Any = None):
+        self.constraints, self.mask = constraints, mask
+
+    def __call__(self, params: dict) -> dict:
+        out = dict(params)
+        for key, constraint in self.constraints.items():
+            value = params[key]
+            if key == "weight" and self.mask is not None:
+                value = value * jnp.asarray(self.mask, value.dtype)
+            out[key] = constraint(value)
+        return out
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{key}: {constraint!r}" for key, constraint in self.constraints.items())
+
+
+def weight_state(layer: Any, params: dict, w_constraint: Any = None, b_constraint: Any = None,
+                 mask: Any = None) -> brainstate.ParamState:
+    """A layer's ``{"weight", "bias"}`` as one ``ParamState``: a :class:`Constrained` one
+    when ``w_constraint`` or ``b_constraint`` is given (:func:`etrace_fit.constraints.get`:
+    an instance, a Keras name or a function), projected after every update."""
+    from .. import constraints
+
+    chosen = {key: constraints.get(value, argument, describe(layer))
+              for key, argument, value in (("weight", "w_constraint", w_constraint),
+                                           ("bias", "b_constraint", b_constraint))}
+    chosen = {key: fn for key, fn in chosen.items() if fn is not None}
+    if "bias" in chosen and "bias" not in params:
+        raise ConfigError(f"{describe(layer)}: b_constraint={b_constraint!r} given, but the layer has no bias "
+                          f"(with_bias=False)")
+    if not chosen:
+        return brainstate.ParamState(params)
+    return Constrained(params, constraint=EntryConstraints(chosen, mask))
+
 #: A learned time constant is kept at or above this many steps (``dt`` times it): a
 #: gradient step had taken a LIF's τ from 2 to -7.9, a decay of 1.13 a step (the loss
 #: 230 -> 1011, no warning). At τ = dt/10 the decay is e^-10: no memory, and no

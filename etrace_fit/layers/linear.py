@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import ConfigError, ShapeError
-from .base import check_last_axis, describe, make_param
+from .base import check_last_axis, describe, make_param, weight_state
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "Embedding", "Flatten", "Linear", "LoRALinear", "SparseLinear"]
 
@@ -60,6 +60,11 @@ class Linear(brainstate.nn.Module):
         with_bias: whether to learn ``b``.
         mask: optional array broadcastable to ``W``; zeros cut connections.
         weight_fn: optional shape-preserving function of ``W`` (e.g. ``ops.Positive()``).
+        w_constraint, b_constraint: Keras' ``kernel_constraint`` / ``bias_constraint``:
+            a projection of ``W`` (of ``W ⊙ mask`` with a mask) and of ``b`` after every
+            optimizer update (:mod:`etrace_fit.constraints`: ``MaxNorm(2.0)``,
+            ``"non_neg"``, or a function); ``self.weight`` is then a
+            :class:`~etrace_fit.layers.Constrained` state.
 
     Example::
 
@@ -78,6 +83,8 @@ class Linear(brainstate.nn.Module):
         with_bias: bool = True,
         mask: Any = None,
         weight_fn: WeightFn | None = None,
+        w_constraint: Any = None,
+        b_constraint: Any = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -92,8 +99,8 @@ class Linear(brainstate.nn.Module):
         if with_bias:
             b_init = brainstate.nn.init.ZeroInit() if b_init is None else b_init
             params["bias"] = make_param(b_init, (out_size,), "b_init", self)
-        self.weight = brainstate.ParamState(params)
         self.weight_fn = _weight_fn(mask, weight_fn, shape, self)
+        self.weight = weight_state(self, params, w_constraint, b_constraint, mask)
 
     def update(self, x: Any) -> Any:
         check_last_axis(self, x, self.in_features)
@@ -122,7 +129,8 @@ class SparseLinear(Linear):
         mask: a 0/1 array of shape ``(in_size, out_size)`` instead of ``density``.
         seed: the seed of the random pattern.
         w_init: default Kaiming normal scaled to the connections present (variance
-            ``1 / (density · in_size)``); b_init, with_bias, weight_fn: as in :class:`Linear`.
+            ``1 / (density · in_size)``); b_init, with_bias, weight_fn, w_constraint,
+            b_constraint: as in :class:`Linear` (a norm constraint counts the connections present).
 
     Example::
 
@@ -132,7 +140,8 @@ class SparseLinear(Linear):
 
     def __init__(self, in_size: int, out_size: int, *, density: float | None = None, mask: Any = None,
                  seed: int = 0, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
-                 weight_fn: WeightFn | None = None, name: str | None = None):
+                 weight_fn: WeightFn | None = None, w_constraint: Any = None, b_constraint: Any = None,
+                 name: str | None = None):
         in_size = _positive_int("SparseLinear", "in_size", in_size)
         out_size = _positive_int("SparseLinear", "out_size", out_size)
         if (density is None) == (mask is None):
@@ -160,7 +169,7 @@ class SparseLinear(Linear):
         if w_init is None:
             w_init = brainstate.nn.init.KaimingNormal(scale=1.0 / density)
         super().__init__(in_size, out_size, w_init=w_init, b_init=b_init, with_bias=with_bias, mask=mask,
-                         weight_fn=weight_fn, name=name)
+                         weight_fn=weight_fn, w_constraint=w_constraint, b_constraint=b_constraint, name=name)
         self.mask, self.density = mask, density
         self._summary = f"{in_size}, {out_size}, density={self.density:.3g}"
 
@@ -280,6 +289,8 @@ class _ConvNd(brainstate.nn.Module):
         with_bias: bool = True,
         mask: Any = None,
         weight_fn: WeightFn | None = None,
+        w_constraint: Any = None,
+        b_constraint: Any = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -300,8 +311,8 @@ class _ConvNd(brainstate.nn.Module):
         if with_bias:
             b_init = brainstate.nn.init.ZeroInit() if b_init is None else b_init
             params["bias"] = make_param(b_init, (out_channels,), "b_init", self)
-        self.weight = brainstate.ParamState(params)
         self.weight_fn = _weight_fn(mask, weight_fn, shape, self)
+        self.weight = weight_state(self, params, w_constraint, b_constraint, mask)
 
     def update(self, x: Any) -> Any:
         ndim = jnp.ndim(x)
@@ -325,7 +336,8 @@ class Conv1d(_ConvNd):
     Args:
         in_channels, out_channels, kernel_size: sizes.
         stride, padding (``"SAME"``, ``"VALID"``, int or pairs), dilation: geometry.
-        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+        w_init, b_init, with_bias, mask, weight_fn, w_constraint, b_constraint: as in :class:`Linear`
+            (a norm constraint over the kernel: ``axis=(0, 1, ...)``, every axis but the last).
 
     Example::
 
@@ -345,7 +357,8 @@ class Conv2d(_ConvNd):
     Args:
         in_channels, out_channels, kernel_size (int or pair): sizes.
         stride, padding, dilation: geometry (int or one per axis).
-        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+        w_init, b_init, with_bias, mask, weight_fn, w_constraint, b_constraint: as in :class:`Linear`
+            (a norm constraint over the kernel: ``axis=(0, 1, ...)``, every axis but the last).
 
     Example::
 
@@ -366,7 +379,8 @@ class Conv3d(_ConvNd):
     Args:
         in_channels, out_channels, kernel_size (int or three): sizes.
         stride, padding, dilation: geometry (int or one per axis).
-        w_init, b_init, with_bias, mask, weight_fn: as in :class:`Linear`.
+        w_init, b_init, with_bias, mask, weight_fn, w_constraint, b_constraint: as in :class:`Linear`
+            (a norm constraint over the kernel: ``axis=(0, 1, ...)``, every axis but the last).
 
     Example::
 

@@ -12,7 +12,7 @@ import brainstate
 import jax
 
 from .. import ops
-from .base import check_last_axis, decay, make_param, make_state, time_constant
+from .base import check_last_axis, decay, make_param, make_state, time_constant, weight_state
 from .linear import _positive_int
 from .spiking import check_membrane_args, membrane_step
 from .surrogate import Surrogate, get_surrogate
@@ -21,7 +21,8 @@ __all__ = ["LeakyRateReadout", "LeakySpikeReadout"]
 
 
 class _ReadoutBase(brainstate.nn.Module):
-    def __init__(self, in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name):
+    def __init__(self, in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name, w_constraint=None,
+                 b_constraint=None):
         super().__init__(name=name)
         cls = type(self).__name__
         self.in_features = _positive_int(cls, "in_size", in_size)
@@ -33,7 +34,7 @@ class _ReadoutBase(brainstate.nn.Module):
         if with_bias:
             params["bias"] = make_param(brainstate.nn.init.ZeroInit() if b_init is None else b_init,
                                         (out_size,), "b_init", self)
-        self.weight = brainstate.ParamState(params)
+        self.weight = weight_state(self, params, w_constraint, b_constraint)
         self.tau = time_constant(self, tau, out_size, learn_tau)
 
     def _current(self, x):
@@ -51,7 +52,7 @@ class LeakyRateReadout(_ReadoutBase):
     Args:
         in_size, out_size: sizes.
         tau: time constant (unit of ``dt``); learn_tau: learn it per output unit.
-        w_init, b_init, with_bias: as in :class:`Linear`.
+        w_init, b_init, with_bias, w_constraint, b_constraint: as in :class:`Linear`.
 
     Example::
 
@@ -61,8 +62,10 @@ class LeakyRateReadout(_ReadoutBase):
     """
 
     def __init__(self, in_size: int, out_size: int, *, tau: Any = 20.0, w_init: Any = None, b_init: Any = None,
-                 with_bias: bool = True, learn_tau: bool = False, name: str | None = None):
-        super().__init__(in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name)
+                 with_bias: bool = True, learn_tau: bool = False, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name, w_constraint,
+                         b_constraint)
 
     def init_state(self, batch_size: int | None = None, **kwargs) -> None:
         self.r = brainstate.HiddenState(make_state(brainstate.nn.init.ZeroInit(), (self.out_features,), batch_size))
@@ -86,8 +89,8 @@ class LeakySpikeReadout(_ReadoutBase):
     ``V: (B, out_size)``.
 
     Args:
-        in_size, out_size, tau, learn_tau, w_init, b_init, with_bias: as in
-            :class:`LeakyRateReadout`.
+        in_size, out_size, tau, learn_tau, w_init, b_init, with_bias, w_constraint,
+            b_constraint: as in :class:`LeakyRateReadout`.
         v_threshold, v_reset, reset, surrogate, surrogate_scale, detach_reset: as in :class:`LIF`.
 
     Example::
@@ -100,8 +103,10 @@ class LeakySpikeReadout(_ReadoutBase):
     def __init__(self, in_size: int, out_size: int, *, tau: Any = 20.0, v_threshold: float = 1.0,
                  v_reset: float = 0.0, reset: str = "soft", surrogate: str | Surrogate = "triangle",
                  surrogate_scale: float | None = None, detach_reset: bool = False, w_init: Any = None,
-                 b_init: Any = None, with_bias: bool = True, learn_tau: bool = False, name: str | None = None):
-        super().__init__(in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name)
+                 b_init: Any = None, with_bias: bool = True, learn_tau: bool = False, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, out_size, tau, w_init, b_init, with_bias, learn_tau, name, w_constraint,
+                         b_constraint)
         v_threshold, v_reset = check_membrane_args(f"LeakySpikeReadout({in_size}, {out_size})", reset, v_threshold,
                                                    v_reset, (out_size,))
         self.v_threshold, self.v_reset, self.reset = v_threshold, v_reset, reset
