@@ -2,7 +2,11 @@
 
 Every gate has its own :class:`~etrace_fit.layers.Linear` (no fused gate matrix), so
 each weight's output has the shape of the hidden state it drives and the compiler can
-relate it per unit. One call is one time step.
+relate it per unit. One call is one time step. Every cell takes ``w_constraint=`` and
+``b_constraint=`` (:mod:`etrace_fit.constraints`, as :class:`~etrace_fit.layers.Linear`
+does), each weight projected on its own after every update: a gate's weight on
+``[x, h]`` is one matrix, so the constraint covers its input and recurrent rows together
+(Keras' cells split them into ``kernel_constraint`` and ``recurrent_constraint``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import constraints
 from ..errors import ConfigError
 from .base import check_last_axis, describe, make_state
 from .linear import Linear
@@ -42,7 +47,8 @@ class _Cell(brainstate.nn.Module):
 
     _hidden_names: tuple[str, ...] = ("h",)
 
-    def __init__(self, in_size: int, hidden_size: int, state_init: Any, name: str | None):
+    def __init__(self, in_size: int, hidden_size: int, state_init: Any, name: str | None, w_constraint: Any = None,
+                 b_constraint: Any = None):
         super().__init__(name=name)
         for arg, value in (("in_size", in_size), ("hidden_size", hidden_size)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -52,6 +58,12 @@ class _Cell(brainstate.nn.Module):
         self.in_size, self.out_size = (in_size,), (hidden_size,)
         self._summary = f"{in_size}, {hidden_size}"
         self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
+        self._constraints = {argument: constraints.get(value, argument, describe(self)) for argument, value in
+                             (("w_constraint", w_constraint), ("b_constraint", b_constraint))}
+
+    def _linear(self, in_size: int, out_size: int, **options: Any) -> Linear:
+        """One of the cell's weights, with the cell's constraints (each weight its own)."""
+        return Linear(in_size, out_size, **options, **self._constraints)
 
     def _gate(self, x: Any, h: jax.Array) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -76,6 +88,8 @@ class VanillaRNNCell(_Cell):
         in_size, hidden_size: sizes.
         activation: ``"tanh"`` (default), ``"relu"``, ``"sigmoid"``, ``"identity"`` or a callable.
         w_init, b_init: initializers of ``W`` and ``b``; state_init: of ``h``.
+        w_constraint, b_constraint: projections of ``W`` and ``b`` after every update
+            (:mod:`etrace_fit.constraints`; in every cell, each gate's weight on its own).
 
     Example::
 
@@ -85,10 +99,11 @@ class VanillaRNNCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, activation: str | Callable = "tanh",
-                 w_init: Any = None, b_init: Any = None, state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
+                 w_init: Any = None, b_init: Any = None, state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
         self.activation = _activation(activation, "VanillaRNNCell")
-        self.W = Linear(in_size + hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W = self._linear(in_size + hidden_size, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         self.h.value = self.activation(self.W(self._gate(x, self.h.value)))
@@ -115,12 +130,13 @@ class GRUCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
+                 state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
         total = in_size + hidden_size
-        self.W_z = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_r = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_z = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_r = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         h = self.h.value
@@ -156,14 +172,15 @@ class LSTMCell(_Cell):
     _hidden_names = ("h", "c")
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 forget_bias: float | None = 1.0, state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
+                 forget_bias: float | None = 1.0, state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
         total = in_size + hidden_size
-        self.W_i = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_f = Linear(total, hidden_size, w_init=w_init,
+        self.W_i = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = self._linear(total, hidden_size, w_init=w_init,
                           b_init=_forget_init(self, forget_bias, b_init))
-        self.W_g = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_o = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_g = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         xh = self._gate(x, self.h.value)
@@ -201,8 +218,9 @@ class URLSTMCell(_Cell):
     _hidden_names = ("h", "c")
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 max_timescale: float = 1000.0, state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
+                 max_timescale: float = 1000.0, state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
         if isinstance(max_timescale, bool) or not isinstance(max_timescale, (int, float)) or max_timescale <= 2:
             raise ConfigError(f"URLSTMCell({in_size}, {hidden_size}): max_timescale must be a number above 2, got "
                               f"{max_timescale!r}")
@@ -210,10 +228,10 @@ class URLSTMCell(_Cell):
         low = 1.0 / max_timescale
         p = np.linspace(low, 1.0 - low, hidden_size) if hidden_size > 1 else np.array([0.5])
         forget_bias = np.log(p / (1.0 - p)).astype(np.float64)
-        self.W_f = Linear(total, hidden_size, w_init=w_init, b_init=forget_bias)
-        self.W_r = Linear(total, hidden_size, w_init=w_init, b_init=-forget_bias)
-        self.W_u = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_o = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = self._linear(total, hidden_size, w_init=w_init, b_init=forget_bias)
+        self.W_r = self._linear(total, hidden_size, w_init=w_init, b_init=-forget_bias)
+        self.W_u = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         xh = self._gate(x, self.h.value)
@@ -239,10 +257,11 @@ class MinGRUCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
-        self.W_z = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+                 state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
+        self.W_z = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -276,12 +295,13 @@ class MinLSTMCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 forget_bias: float | None = 1.0, state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
-        self.W_f = Linear(in_size, hidden_size, w_init=w_init,
+                 forget_bias: float | None = 1.0, state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
+        self.W_f = self._linear(in_size, hidden_size, w_init=w_init,
                           b_init=_forget_init(self, forget_bias, b_init))
-        self.W_i = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_i = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -303,11 +323,12 @@ class MGUCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
+                 state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
         total = in_size + hidden_size
-        self.W_f = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = Linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         h = self.h.value
@@ -331,10 +352,11 @@ class MinimalRNNCell(_Cell):
     """
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
-                 state_init: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name)
-        self.W_x = Linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_u = Linear(2 * hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+                 state_init: Any = None, w_constraint: Any = None,
+                 b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
+        self.W_x = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_u = self._linear(2 * hidden_size, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)

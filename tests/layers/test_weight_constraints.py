@@ -19,6 +19,8 @@ from etrace_fit import constraints as C
 from etrace_fit import layers as L
 from etrace_fit.errors import ConfigError
 
+pytestmark = pytest.mark.filterwarnings("ignore::etrace_fit.ApproximationWarning")  # constraints, not gradients
+
 I, H, T, N = 3, 5, 6, 8
 STEP = 100.0  # every update adds this to every weight
 
@@ -180,3 +182,26 @@ def test_a_constrained_layer_keeps_its_projection_through_a_checkpoint(tmp_path)
         again.fit(x, y, batch_size=N, epochs=1, verbose=0)
     np.testing.assert_allclose(np.linalg.norm(np.asarray(other.layers[0].weight.value["weight"]), axis=0), 1.5,
                                rtol=1e-5)
+
+
+CELLS = ["VanillaRNNCell", "GRUCell", "LSTMCell", "URLSTMCell", "MinGRUCell", "MinLSTMCell", "MGUCell",
+         "MinimalRNNCell"]
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_every_rnn_cell_projects_each_gate_weight_on_its_own(name):
+    """A cell's constraint goes to each of its gate weights (a norm per gate and unit);
+    a bad one names the cell."""
+    x, y = _data()
+    with brainstate.environ.context(dt=1.0):
+        cell = getattr(L, name)(I, H, w_constraint=C.MaxNorm(1.5), b_constraint=C.MaxNorm(1.0))
+        model = ef.Sequential(cell, L.Linear(H, 2))
+        ef.Trainer(model, algo="hybrid", optimizer=_up(), loss_on="last").fit(x, y, batch_size=N, epochs=1,
+                                                                              verbose=0)
+        gates = [state.value for state in cell.states(brainstate.ParamState).values()]
+        assert len(gates) >= 1 and all(set(gate) == {"weight", "bias"} for gate in gates)
+        for gate in gates:
+            np.testing.assert_allclose(np.linalg.norm(np.asarray(gate["weight"]), axis=0), 1.5, rtol=1e-5)
+            np.testing.assert_allclose(np.linalg.norm(np.asarray(gate["bias"])), 1.0, rtol=1e-5)
+        with pytest.raises(ConfigError, match=rf"{name}\(3, 5\): w_constraint must be None"):
+            getattr(L, name)(I, H, w_constraint="maxnorm")
