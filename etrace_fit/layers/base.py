@@ -268,6 +268,22 @@ class EntryConstraints:
         return ", ".join(f"{key}: {constraint!r}" for key, constraint in self.constraints.items())
 
 
+
+class RowBlocks:
+    """A constraint per block of rows of a weight ``(rows, out)`` (``None``: the block as
+    it is): Keras' ``kernel_constraint`` on a gate's input rows and
+    ``recurrent_constraint`` on its state rows, for a weight on ``[x, h]``."""
+
+    def __init__(self, blocks: tuple[tuple[int, int, Callable[[Any], Any] | None], ...]):
+        self.blocks = blocks
+
+    def __call__(self, w: Any) -> Any:
+        return jnp.concatenate([w[start:stop] if constraint is None else constraint(w[start:stop])
+                                for start, stop, constraint in self.blocks], axis=0)
+
+    def __repr__(self) -> str:
+        return "RowBlocks(" + ", ".join(f"rows {a}:{b}: {c!r}" for a, b, c in self.blocks if c is not None) + ")"
+
 def weight_state(layer: Any, params: dict, w_constraint: Any = None, b_constraint: Any = None,
                  mask: Any = None) -> brainstate.ParamState:
     """A layer's ``{"weight", "bias"}`` as one ``ParamState``: a :class:`Constrained` one

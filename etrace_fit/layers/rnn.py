@@ -2,11 +2,10 @@
 
 Every gate has its own :class:`~etrace_fit.layers.Linear` (no fused gate matrix), so
 each weight's output has the shape of the hidden state it drives and the compiler can
-relate it per unit. One call is one time step. Every cell takes ``w_constraint=`` and
-``b_constraint=`` (:mod:`etrace_fit.constraints`, as :class:`~etrace_fit.layers.Linear`
-does), each weight projected on its own after every update: a gate's weight on
-``[x, h]`` is one matrix, so the constraint covers its input and recurrent rows together
-(Keras' cells split them into ``kernel_constraint`` and ``recurrent_constraint``).
+relate it per unit. One call is one time step. Every cell takes Keras' three constraints
+(:mod:`etrace_fit.constraints`), each gate's weight projected on its own after every
+update: ``w_constraint`` (Keras' ``kernel_constraint``) on the rows that read the input,
+``recurrent_constraint`` on the rows that read the state, ``b_constraint`` on the biases.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy as np
 
 from .. import constraints
 from ..errors import ConfigError
-from .base import check_last_axis, describe, make_state
+from .base import RowBlocks, check_last_axis, describe, make_state
 from .linear import Linear
 
 __all__ = ["GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "URLSTMCell",
@@ -47,8 +46,11 @@ class _Cell(brainstate.nn.Module):
 
     _hidden_names: tuple[str, ...] = ("h",)
 
+    #: Whether the cell has weights on its state (``recurrent_constraint`` applies to them).
+    _recurrent_rows = True
+
     def __init__(self, in_size: int, hidden_size: int, state_init: Any, name: str | None, w_constraint: Any = None,
-                 b_constraint: Any = None):
+                 b_constraint: Any = None, recurrent_constraint: Any = None):
         super().__init__(name=name)
         for arg, value in (("in_size", in_size), ("hidden_size", hidden_size)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -58,12 +60,29 @@ class _Cell(brainstate.nn.Module):
         self.in_size, self.out_size = (in_size,), (hidden_size,)
         self._summary = f"{in_size}, {hidden_size}"
         self._state_init = brainstate.nn.init.ZeroInit() if state_init is None else state_init
-        self._constraints = {argument: constraints.get(value, argument, describe(self)) for argument, value in
-                             (("w_constraint", w_constraint), ("b_constraint", b_constraint))}
+        self._constraints = {kind: constraints.get(value, argument, describe(self)) for kind, argument, value in (
+            ("input", "w_constraint", w_constraint), ("recurrent", "recurrent_constraint", recurrent_constraint),
+            ("bias", "b_constraint", b_constraint))}
+        if self._constraints["recurrent"] is not None and not self._recurrent_rows:
+            raise ConfigError(f"{describe(self)}: recurrent_constraint={recurrent_constraint!r} given, but the "
+                              f"cell's weights read the input only (w_constraint constrains them)")
+        self._xh = (("input", in_size), ("recurrent", hidden_size))  # a gate's weight on [x, h]
 
-    def _linear(self, in_size: int, out_size: int, **options: Any) -> Linear:
-        """One of the cell's weights, with the cell's constraints (each weight its own)."""
-        return Linear(in_size, out_size, **options, **self._constraints)
+    def _linear(self, rows: tuple[tuple[str, int], ...], out_size: int, **options: Any) -> Linear:
+        """One of the cell's weights, on rows of the kinds ``rows`` names in order
+        (``"input"``, ``"recurrent"``), each block of rows with the cell's constraint for
+        its kind (Keras' ``kernel_constraint`` and ``recurrent_constraint``)."""
+        blocks, start = [], 0
+        for kind, size in rows:
+            blocks.append((start, start + size, self._constraints[kind]))
+            start += size
+        if all(constraint is None for _, _, constraint in blocks):
+            weight = None
+        elif len(blocks) == 1:
+            weight = blocks[0][2]
+        else:
+            weight = RowBlocks(tuple(blocks))
+        return Linear(start, out_size, **options, w_constraint=weight, b_constraint=self._constraints["bias"])
 
     def _gate(self, x: Any, h: jax.Array) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -88,8 +107,10 @@ class VanillaRNNCell(_Cell):
         in_size, hidden_size: sizes.
         activation: ``"tanh"`` (default), ``"relu"``, ``"sigmoid"``, ``"identity"`` or a callable.
         w_init, b_init: initializers of ``W`` and ``b``; state_init: of ``h``.
-        w_constraint, b_constraint: projections of ``W`` and ``b`` after every update
-            (:mod:`etrace_fit.constraints`; in every cell, each gate's weight on its own).
+        w_constraint, recurrent_constraint, b_constraint: projections after every update
+            (:mod:`etrace_fit.constraints`) of ``W``'s input rows, its state rows and
+            ``b`` (Keras' ``kernel_``, ``recurrent_`` and ``bias_constraint``); in every
+            cell, each gate's weight on its own.
 
     Example::
 
@@ -100,10 +121,11 @@ class VanillaRNNCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, activation: str | Callable = "tanh",
                  w_init: Any = None, b_init: Any = None, state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
         self.activation = _activation(activation, "VanillaRNNCell")
-        self.W = self._linear(in_size + hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         self.h.value = self.activation(self.W(self._gate(x, self.h.value)))
@@ -131,12 +153,12 @@ class GRUCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        total = in_size + hidden_size
-        self.W_z = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_r = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_z = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_r = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         h = self.h.value
@@ -173,14 +195,14 @@ class LSTMCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  forget_bias: float | None = 1.0, state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        total = in_size + hidden_size
-        self.W_i = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_f = self._linear(total, hidden_size, w_init=w_init,
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_i = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = self._linear(self._xh, hidden_size, w_init=w_init,
                           b_init=_forget_init(self, forget_bias, b_init))
-        self.W_g = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_o = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_g = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         xh = self._gate(x, self.h.value)
@@ -219,19 +241,19 @@ class URLSTMCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  max_timescale: float = 1000.0, state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
         if isinstance(max_timescale, bool) or not isinstance(max_timescale, (int, float)) or max_timescale <= 2:
             raise ConfigError(f"URLSTMCell({in_size}, {hidden_size}): max_timescale must be a number above 2, got "
                               f"{max_timescale!r}")
-        total = in_size + hidden_size
         low = 1.0 / max_timescale
         p = np.linspace(low, 1.0 - low, hidden_size) if hidden_size > 1 else np.array([0.5])
         forget_bias = np.log(p / (1.0 - p)).astype(np.float64)
-        self.W_f = self._linear(total, hidden_size, w_init=w_init, b_init=forget_bias)
-        self.W_r = self._linear(total, hidden_size, w_init=w_init, b_init=-forget_bias)
-        self.W_u = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_o = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_f = self._linear(self._xh, hidden_size, w_init=w_init, b_init=forget_bias)
+        self.W_r = self._linear(self._xh, hidden_size, w_init=w_init, b_init=-forget_bias)
+        self.W_u = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_o = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         xh = self._gate(x, self.h.value)
@@ -256,12 +278,15 @@ class MinGRUCell(_Cell):
     hidden_size)``; ``W_z, W_h: (in_size, hidden_size)``.
     """
 
+    _recurrent_rows = False
+
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        self.W_z = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_z = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -294,14 +319,17 @@ class MinLSTMCell(_Cell):
     ``b_init``). Shapes as :class:`MinGRUCell`.
     """
 
+    _recurrent_rows = False
+
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  forget_bias: float | None = 1.0, state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        self.W_f = self._linear(in_size, hidden_size, w_init=w_init,
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_f = self._linear((("input", in_size),), hidden_size, w_init=w_init,
                           b_init=_forget_init(self, forget_bias, b_init))
-        self.W_i = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_i = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)
@@ -324,11 +352,11 @@ class MGUCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        total = in_size + hidden_size
-        self.W_f = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_h = self._linear(total, hidden_size, w_init=w_init, b_init=b_init)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_f = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
+        self.W_h = self._linear(self._xh, hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         h = self.h.value
@@ -353,10 +381,11 @@ class MinimalRNNCell(_Cell):
 
     def __init__(self, in_size: int, hidden_size: int, *, w_init: Any = None, b_init: Any = None,
                  state_init: Any = None, w_constraint: Any = None,
-                 b_constraint: Any = None, name: str | None = None):
-        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint)
-        self.W_x = self._linear(in_size, hidden_size, w_init=w_init, b_init=b_init)
-        self.W_u = self._linear(2 * hidden_size, hidden_size, w_init=w_init, b_init=b_init)
+                 recurrent_constraint: Any = None, b_constraint: Any = None, name: str | None = None):
+        super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
+                         recurrent_constraint)
+        self.W_x = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
+        self.W_u = self._linear((("recurrent", hidden_size), ("input", hidden_size)), hidden_size, w_init=w_init, b_init=b_init)
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)

@@ -16,7 +16,7 @@ import numpy as np
 import saiunit as u
 
 from ..errors import ConfigError
-from .base import Neuron, check_trailing_shape, decay, describe, time_constant
+from .base import Neuron, RowBlocks, check_trailing_shape, decay, describe, time_constant
 from .linear import Linear
 from .surrogate import Surrogate, get_surrogate
 
@@ -317,7 +317,7 @@ class _Recurrent:
     """Input and recurrent weights in one :class:`Linear` on ``[x^t, z^{t−1}]``."""
 
     def _make_weights(self, in_size, w_init, b_init, with_bias, self_connections=True, w_constraint=None,
-                      b_constraint=None):
+                      recurrent_constraint=None, b_constraint=None):
         if not isinstance(self.size, int):
             raise ConfigError(f"{type(self).__name__}: size must be an int (recurrent weights connect units), "
                               f"got {self.size!r}")
@@ -334,13 +334,16 @@ class _Recurrent:
             [jnp.ones((in_size, self.size)), 1.0 - jnp.eye(self.size)])
         from .. import constraints
 
-        named = {name: constraints.get(value, name, describe(self))
-                 for name, value in (("w_constraint", w_constraint), ("b_constraint", b_constraint))}
-        if named["b_constraint"] is not None and not with_bias:
+        kernel, recurrent, bias = (constraints.get(value, name, describe(self)) for name, value in (
+            ("w_constraint", w_constraint), ("recurrent_constraint", recurrent_constraint),
+            ("b_constraint", b_constraint)))
+        if bias is not None and not with_bias:
             raise ConfigError(f"{describe(self)}: b_constraint={b_constraint!r} given, but the layer has no bias "
                               f"(with_bias=False)")
+        weight = None if kernel is None and recurrent is None else RowBlocks(
+            ((0, in_size, kernel), (in_size, in_size + self.size, recurrent)))
         self.W = Linear(in_size + self.size, self.size, w_init=w_init, b_init=b_init, with_bias=with_bias, mask=mask,
-                        **named)
+                        w_constraint=weight, b_constraint=bias)
 
     def update(self, x: Any) -> jax.Array:
         check_trailing_shape(self, x, self.in_size)
@@ -363,10 +366,11 @@ class RecurrentLIF(_Recurrent, LIF):
 
     Args:
         in_size, size: input features and neurons.
-        w_init, b_init, with_bias, w_constraint, b_constraint: of the weight on ``[x, z]``
-            (as in :class:`Linear`: one constraint for the input and recurrent rows
-            together, ``(in_size + size, size)``; without self-connections a norm counts
-            the rows present).
+        w_init, b_init, with_bias: of the weight on ``[x, z]`` (as in :class:`Linear`).
+        w_constraint, recurrent_constraint, b_constraint: projections after every update
+            (:mod:`etrace_fit.constraints`; Keras' ``kernel_``, ``recurrent_`` and
+            ``bias_constraint``) of the weight's input rows, its recurrent rows and the
+            bias; without self-connections a norm counts the connections present.
         self_connections: ``False`` cuts each neuron's weight onto itself (the recurrent
             rows' diagonal, held at zero by a fixed mask; e-prop's networks have none).
         tau, v_threshold, v_reset, reset, surrogate, ...: as in :class:`LIF`.
@@ -379,10 +383,11 @@ class RecurrentLIF(_Recurrent, LIF):
     """
 
     def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
-                 self_connections: bool = True, w_constraint: Any = None, b_constraint: Any = None,
-                 **lif_options: Any):
+                 self_connections: bool = True, w_constraint: Any = None, recurrent_constraint: Any = None,
+                 b_constraint: Any = None, **lif_options: Any):
         super().__init__(size, **lif_options)
-        self._make_weights(in_size, w_init, b_init, with_bias, self_connections, w_constraint, b_constraint)
+        self._make_weights(in_size, w_init, b_init, with_bias, self_connections, w_constraint, recurrent_constraint,
+                           b_constraint)
 
     def _previous_spikes(self) -> jax.Array:
         return _gated(self.surrogate(self.V.value - self.v_threshold), self._open())
@@ -395,8 +400,8 @@ class RecurrentALIF(_Recurrent, ALIF):
     Shapes: ``x: (B, in_size)`` → spikes ``(B, size)``; states ``V, a: (B, size)``.
 
     Args:
-        in_size, size, w_init, b_init, with_bias, self_connections, w_constraint, b_constraint:
-            as in :class:`RecurrentLIF`.
+        in_size, size, w_init, b_init, with_bias, self_connections, w_constraint,
+            recurrent_constraint, b_constraint: as in :class:`RecurrentLIF`.
         tau, tau_a, beta, ...: as in :class:`ALIF`.
 
     Example::
@@ -407,10 +412,11 @@ class RecurrentALIF(_Recurrent, ALIF):
     """
 
     def __init__(self, in_size: int, size: int, *, w_init: Any = None, b_init: Any = None, with_bias: bool = True,
-                 self_connections: bool = True, w_constraint: Any = None, b_constraint: Any = None,
-                 **alif_options: Any):
+                 self_connections: bool = True, w_constraint: Any = None, recurrent_constraint: Any = None,
+                 b_constraint: Any = None, **alif_options: Any):
         super().__init__(size, **alif_options)
-        self._make_weights(in_size, w_init, b_init, with_bias, self_connections, w_constraint, b_constraint)
+        self._make_weights(in_size, w_init, b_init, with_bias, self_connections, w_constraint, recurrent_constraint,
+                           b_constraint)
 
     def _previous_spikes(self) -> jax.Array:
         return _gated(self.surrogate(self.V.value - (self.v_threshold + self.beta * self.a.value)), self._open())

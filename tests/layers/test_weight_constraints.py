@@ -137,7 +137,8 @@ def test_a_norm_counts_the_connections_present_only():
     x, y = _data()
     with brainstate.environ.context(dt=1.0):
         sparse = L.SparseLinear(I, H, density=0.5, seed=3, w_constraint=C.MaxNorm(2.0))
-        recurrent = L.RecurrentALIF(H, H, self_connections=False, w_constraint=C.UnitNorm())
+        recurrent = L.RecurrentALIF(H, H, self_connections=False, w_constraint=C.MaxNorm(0.5),
+                                    recurrent_constraint=C.UnitNorm())
         model = ef.Sequential(sparse, recurrent, L.LeakyRateReadout(H, 2))
         ef.Trainer(model, algo="hybrid", optimizer=_up(), loss_on="last").fit(x, y, batch_size=N, epochs=1,
                                                                               verbose=0)
@@ -146,9 +147,10 @@ def test_a_norm_counts_the_connections_present_only():
     np.testing.assert_array_equal(w[mask == 0], 0.0)
     present = mask.any(axis=0)
     np.testing.assert_allclose(np.linalg.norm(w, axis=0)[present], 2.0, rtol=1e-5)
-    w = np.asarray(recurrent.W.weight.value["weight"])
+    w = np.asarray(recurrent.W.weight.value["weight"])  # input rows, then recurrent rows (Keras' two kernels)
+    np.testing.assert_allclose(np.linalg.norm(w[:H], axis=0), 0.5, rtol=1e-5)
     np.testing.assert_array_equal(np.diagonal(w[H:]), 0.0)
-    np.testing.assert_allclose(np.linalg.norm(w, axis=0), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(w[H:], axis=0), 1.0, rtol=1e-5)
 
 
 def test_a_conv_kernels_norm_per_output_channel():
@@ -189,19 +191,37 @@ CELLS = ["VanillaRNNCell", "GRUCell", "LSTMCell", "URLSTMCell", "MinGRUCell", "M
 
 
 @pytest.mark.parametrize("name", CELLS)
-def test_every_rnn_cell_projects_each_gate_weight_on_its_own(name):
-    """A cell's constraint goes to each of its gate weights (a norm per gate and unit);
-    a bad one names the cell."""
+def test_every_rnn_cell_projects_each_gate_weights_input_and_state_rows(name):
+    """Keras' three constraints of a cell: ``w_constraint`` (its ``kernel_constraint``) on
+    each gate's rows that read the input, ``recurrent_constraint`` on those that read the
+    state, ``b_constraint`` on the biases; a cell whose gates read the input only refuses
+    a recurrent one; a bad one names the cell."""
     x, y = _data()
+    recurrent = name not in ("MinGRUCell", "MinLSTMCell")
     with brainstate.environ.context(dt=1.0):
-        cell = getattr(L, name)(I, H, w_constraint=C.MaxNorm(1.5), b_constraint=C.MaxNorm(1.0))
+        cell = getattr(L, name)(I, H, w_constraint=C.MaxNorm(1.5), b_constraint=C.MaxNorm(1.0),
+                                recurrent_constraint=C.UnitNorm() if recurrent else None)
         model = ef.Sequential(cell, L.Linear(H, 2))
         ef.Trainer(model, algo="hybrid", optimizer=_up(), loss_on="last").fit(x, y, batch_size=N, epochs=1,
                                                                               verbose=0)
-        gates = [state.value for state in cell.states(brainstate.ParamState).values()]
-        assert len(gates) >= 1 and all(set(gate) == {"weight", "bias"} for gate in gates)
-        for gate in gates:
-            np.testing.assert_allclose(np.linalg.norm(np.asarray(gate["weight"]), axis=0), 1.5, rtol=1e-5)
+        gates = {path: state.value for path, state in cell.states(brainstate.ParamState).items()}
+        assert len(gates) >= 1 and all(set(gate) == {"weight", "bias"} for gate in gates.values())
+        for path, gate in gates.items():
+            w = np.asarray(gate["weight"])
+            if w.shape[0] == I:  # reads the input only
+                rows = {"input": w}
+            elif name == "MinimalRNNCell":  # W_u on [h, z]
+                rows = {"state": w[:H], "input": w[H:]}
+            else:  # on [x, h]
+                rows = {"input": w[:I], "state": w[I:]}
+            assert recurrent or "state" not in rows
+            np.testing.assert_allclose(np.linalg.norm(rows["input"], axis=0), 1.5, rtol=1e-5, err_msg=str(path))
+            if "state" in rows:
+                np.testing.assert_allclose(np.linalg.norm(rows["state"], axis=0), 1.0, rtol=1e-5, err_msg=str(path))
             np.testing.assert_allclose(np.linalg.norm(np.asarray(gate["bias"])), 1.0, rtol=1e-5)
         with pytest.raises(ConfigError, match=rf"{name}\(3, 5\): w_constraint must be None"):
             getattr(L, name)(I, H, w_constraint="maxnorm")
+        if not recurrent:
+            with pytest.raises(ConfigError, match=rf"{name}\(3, 5\): recurrent_constraint=UnitNorm\(axis=0\) "
+                                                  r"given, but the cell's weights read the input only"):
+                getattr(L, name)(I, H, recurrent_constraint=C.UnitNorm())
