@@ -83,7 +83,8 @@ class MaxNorm(Constraint):
 
 class MinMaxNorm(Constraint):
     """Each slice's 2-norm over ``axis`` moved ``rate`` of the way into
-    ``[min_value, max_value]``: ``w ← w · (rate · clip(‖w‖, min, max) + (1 − rate) ‖w‖) / (ε + ‖w‖)``."""
+    ``[min_value, max_value]``:
+    ``w ← w · (rate · clip(‖w‖, min, max) + (1 − rate) ‖w‖) / (ε + ‖w‖)``."""
 
     def __init__(self, min_value: float = 0.0, max_value: float = 1.0, rate: float = 1.0,
                  axis: int | Sequence[int] = 0):

@@ -385,7 +385,8 @@ class MinimalRNNCell(_Cell):
         super().__init__(in_size, hidden_size, state_init, name, w_constraint, b_constraint,
                          recurrent_constraint)
         self.W_x = self._linear((("input", in_size),), hidden_size, w_init=w_init, b_init=b_init)
-        self.W_u = self._linear((("recurrent", hidden_size), ("input", hidden_size)), hidden_size, w_init=w_init, b_init=b_init)
+        self.W_u = self._linear((("recurrent", hidden_size), ("input", hidden_size)), hidden_size, w_init=w_init,
+                                b_init=b_init)  # on [h, z]: z is made of the input
 
     def update(self, x: Any) -> jax.Array:
         check_last_axis(self, x, self.in_features)
