@@ -246,7 +246,6 @@ class Constrained(brainstate.ParamState):
         self.constraint = constraint
 
 
-
 class EntryConstraints:
     """The constraint of a layer's ``{"weight": W, "bias": b}`` state: each entry's own
     (Keras' ``kernel_constraint`` and ``bias_constraint``); the weight's sees ``W ⊙ mask``
@@ -268,7 +267,6 @@ class EntryConstraints:
         return ", ".join(f"{key}: {constraint!r}" for key, constraint in self.constraints.items())
 
 
-
 class RowBlocks:
     """A constraint per block of rows of a weight ``(rows, out)`` (``None``: the block as
     it is): Keras' ``kernel_constraint`` on a gate's input rows and
@@ -283,6 +281,7 @@ class RowBlocks:
 
     def __repr__(self) -> str:
         return "RowBlocks(" + ", ".join(f"rows {a}:{b}: {c!r}" for a, b, c in self.blocks if c is not None) + ")"
+
 
 def weight_state(layer: Any, params: dict, w_constraint: Any = None, b_constraint: Any = None,
                  mask: Any = None) -> brainstate.ParamState:
@@ -301,6 +300,7 @@ def weight_state(layer: Any, params: dict, w_constraint: Any = None, b_constrain
     if not chosen:
         return brainstate.ParamState(params)
     return Constrained(params, constraint=EntryConstraints(chosen, mask))
+
 
 #: A learned time constant is kept at or above this many steps (``dt`` times it): a
 #: gradient step had taken a LIF's τ from 2 to -7.9, a decay of 1.13 a step (the loss
