@@ -434,6 +434,9 @@ class Embedding(brainstate.nn.Module):
         num_embeddings: the number of ids (Keras' ``input_dim``).
         features: the size of each row (Keras' ``output_dim``).
         w_init: initializer or array; default uniform in ``[−0.05, 0.05]`` (Keras').
+        w_constraint: Keras' ``embeddings_constraint``, a projection of ``W`` after every
+            update (:mod:`etrace_fit.constraints`); ``MaxNorm(m, axis=1)`` bounds each
+            row's norm, as PyTorch's ``max_norm``.
 
     Example::
 
@@ -441,14 +444,16 @@ class Embedding(brainstate.nn.Module):
         y = embed(jnp.array([3, 7]))      # (2, 32)
     """
 
-    def __init__(self, num_embeddings: int, features: int, *, w_init: Any = None, name: str | None = None):
+    def __init__(self, num_embeddings: int, features: int, *, w_init: Any = None, w_constraint: Any = None,
+                 name: str | None = None):
         super().__init__(name=name)
         self.num_embeddings = _positive_int("Embedding", "num_embeddings", num_embeddings)
         self.features = _positive_int("Embedding", "features", features)
         self._summary = f"{num_embeddings}, {features}"
         self.out_size = (features,)
         w_init = brainstate.nn.init.Uniform(-0.05, 0.05) if w_init is None else w_init
-        self.weight = brainstate.ParamState({"weight": make_param(w_init, (num_embeddings, features), "w_init", self)})
+        self.weight = weight_state(self, {"weight": make_param(w_init, (num_embeddings, features), "w_init", self)},
+                                   w_constraint)
 
     def update(self, ids: Any) -> Any:
         ids = jnp.asarray(ids)

@@ -225,3 +225,18 @@ def test_every_rnn_cell_projects_each_gate_weights_input_and_state_rows(name):
             with pytest.raises(ConfigError, match=rf"{name}\(3, 5\): recurrent_constraint=UnitNorm\(axis=0\) "
                                                   r"given, but the cell's weights read the input only"):
                 getattr(L, name)(I, H, recurrent_constraint=C.UnitNorm())
+
+
+def test_an_embeddings_rows_keep_their_norm():
+    """Keras' ``embeddings_constraint``: ``MaxNorm(m, axis=1)`` bounds every row (PyTorch's
+    ``max_norm``)."""
+    rng = np.random.default_rng(0)
+    ids, y = rng.integers(0, 7, (N, T)), rng.integers(0, 2, N)
+    with brainstate.environ.context(dt=1.0):
+        embed = L.Embedding(7, H, w_constraint=C.MaxNorm(0.25, axis=1))
+        model = ef.Sequential(embed, L.LIF(H), L.LeakyRateReadout(H, 2))
+        ef.Trainer(model, algo="hybrid", optimizer=_up(), loss_on="last").fit(ids, y, batch_size=N, epochs=1,
+                                                                              verbose=0)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(embed.weight.value["weight"]), axis=1), 0.25, rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"Embedding\(7, 5\): w_constraint must be None"):
+        L.Embedding(7, H, w_constraint="max")
