@@ -239,13 +239,19 @@ class Dashboards:
         if self.learner is None:
             raise ConfigError("the model is compiled on the first training batch; call fit first")
         text = self.learner.report()
+        plan, last = self.learner.plan, getattr(self, "last_train_batch", None)
+        if plan is not None and last and last != plan.batch:
+            text += (f"\nthe last training batch had {last} samples: traces "
+                     f"{format_bytes(plan.bytes_per_sample() * last)} (the totals above are at batch {plan.batch}, "
+                     f"where the model was compiled; the rules do not depend on the batch)")
         if self._placement is not None:
             devices = self._placement.size
             line = (f"data parallel over {devices} devices ('batch' axis): each device holds batch / {devices} "
                     "samples' hidden states and traces")
-            if self.learner.plan is not None and self.batch_size:
-                local = self.batch_size // devices
-                line += (f"; at batch {self.batch_size}: {local} per device, traces "
-                         f"{format_bytes(self.learner.plan.bytes_per_sample() * local)} per device")
+            batch = last or self.batch_size
+            if plan is not None and batch:
+                local = batch // devices
+                line += (f"; at batch {batch}: {local} per device, traces "
+                         f"{format_bytes(plan.bytes_per_sample() * local)} per device")
             text += "\n" + line
         return text

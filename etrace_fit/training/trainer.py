@@ -337,6 +337,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.sample_inputs: np.ndarray | None = None
         self.sample_label: Any = None
         self.batch_size: int | None = None
+        self.last_train_batch: int | None = None  # the batch of the last train_on_batch, or the last fit's largest
+        self._fitting = False
         self._num_classes: int | None = None  # the model's outputs, known after the first batch
         self._norms_warned = False
         self._recorder = None
@@ -782,11 +784,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.resume_epoch = None
         self._warn_spiking_readout()
         self._last_epoch_logs = {}
+        self.last_train_batch, self._fitting = None, True
         try:
             self._fit_epochs(x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
                              steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
                              (validation_steps, validation_batch_size))
         finally:
+            self._fitting = False
             self._push()  # the model holds every finished batch's update, also after an error
         # Keras: the last epoch's logs (no val_* when it did not validate), not each key's last value
         hooks.on_train_end(dict(self._last_epoch_logs))
@@ -1090,6 +1094,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         written into the model)."""
         compiled, step, args, options = self._step_call(xs, ys, weight, metric_weight)
         self._state, result = step(*args, **options)
+        samples = int(np.shape(weight)[1])  # (T, B)
+        # what report() shows the memory at: train_on_batch's batch, or fit's largest (not a smaller last one)
+        if getattr(self, "_fitting", False):
+            samples = max(samples, getattr(self, "last_train_batch", None) or 0)
+        self.last_train_batch = samples
         self._sync.pending = True
         self._sync.module = compiled.module
         self.last_gradients, self.last_trace_norms = result.gradients, result.trace_norms

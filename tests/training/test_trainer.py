@@ -9,6 +9,7 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
+from etrace_fit.algorithms.hybrid import format_bytes
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError, ShapeError
 
@@ -165,6 +166,24 @@ def test_report_shows_the_rule_per_weight_after_the_first_batch():
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
     report = trainer.report()
     assert "layers.0.weight" in report and "trace memory" in report and ("d_rtrl" in report or "esd_rtrl" in report)
+
+
+def test_report_shows_the_trace_memory_at_the_batch_trained_last():
+    """After ``train_on_batch`` of another size (or a fit at another batch size) the
+    report says the last batch's trace memory; a fit's smaller last batch does not
+    count (its largest batch does). It had shown the compile batch's totals only."""
+    x, y = _data(20)
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=16, epochs=1, verbose=0)  # batches of 16 and 4
+    assert "last training batch" not in trainer.report()
+    per_sample = trainer.learner.plan.bytes_per_sample()
+    trainer.train_on_batch(x[:4], y[:4])
+    assert (f"the last training batch had 4 samples: traces {format_bytes(per_sample * 4)} (the totals above are "
+            f"at batch 16") in trainer.report()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert "the last training batch had 8 samples" in trainer.report()
+    trainer.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert "last training batch" not in trainer.report()
 
 
 def test_a_last_smaller_batch_keeps_the_plan_of_the_first():
