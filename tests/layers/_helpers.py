@@ -164,3 +164,24 @@ def sequence_grads(model, xs, ys, algo):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ef.ApproximationWarning)
         return ef.sequence_grad(model, xs, ys, loss, algo=algo)[0]
+
+
+def fit_inside_sequence(make_model, optimizer, x, y, snapshot, check):
+    """Train a fresh ``make_model()`` for one update inside the sequence, first with the
+    Trainer's ``update_every`` and then with ``ef.online_fit`` (both D-RTRL, one batch of
+    all of ``x`` (N, T, C), two outputs), and call ``check(model, snapshot(fresh model))``
+    after each."""
+    import etrace_fit as ef
+
+    n, steps = x.shape[:2]
+    model = make_model()
+    before = snapshot(model)
+    ef.Trainer(model, algo="d_rtrl", optimizer=optimizer, update_every=steps).fit(
+        x, y, batch_size=n, epochs=1, verbose=0, shuffle=False)
+    check(model, before)
+    model = make_model()
+    brainstate.nn.init_all_states(model, batch_size=n)
+    before = snapshot(model)
+    ef.online_fit(model, jnp.swapaxes(x, 0, 1), jnp.zeros((steps, n, 2)), lambda o, t: jnp.sum((o - t) ** 2),
+                  optimizer, update_every=steps, algo="d_rtrl")
+    check(model, before)

@@ -19,6 +19,8 @@ from etrace_fit import layers as L
 from etrace_fit.errors import ConfigError
 from etrace_fit.layers.base import TAU_MIN_STEPS
 
+from ._helpers import fit_inside_sequence
+
 C, H, T, N = 3, 5, 6, 8
 STEP = 100.0  # every update takes this much off every weight: each learned τ would go negative
 
@@ -69,17 +71,8 @@ def test_every_learned_time_constant_stays_positive_after_a_trainer_update(algo)
 def test_update_every_and_online_fit_apply_the_constraint_inside_the_sequence():
     x, y = _data()
     with brainstate.environ.context(dt=1.0):
-        model = _model()
-        weight = np.asarray(model.layers[0].weight.value["weight"])
-        ef.Trainer(model, algo="d_rtrl", optimizer=_down(), update_every=T).fit(
-            x, y, batch_size=N, epochs=1, verbose=0, shuffle=False)
-        _assert_floored(model, weight)
-        model = _model()
-        brainstate.nn.init_all_states(model, batch_size=N)
-        weight = np.asarray(model.layers[0].weight.value["weight"])
-        ef.online_fit(model, jnp.swapaxes(x, 0, 1), jnp.zeros((T, N, 2)), lambda o, t: jnp.sum((o - t) ** 2),
-                      _down(), update_every=T, algo="d_rtrl")
-        _assert_floored(model, weight)
+        fit_inside_sequence(_model, _down(), x, y, lambda model: np.asarray(model.layers[0].weight.value["weight"]),
+                            _assert_floored)
 
 
 def test_the_floor_is_in_the_time_constants_unit():

@@ -19,6 +19,8 @@ from etrace_fit import constraints as C
 from etrace_fit import layers as L
 from etrace_fit.errors import ConfigError
 
+from ._helpers import fit_inside_sequence
+
 pytestmark = pytest.mark.filterwarnings("ignore::etrace_fit.ApproximationWarning")  # constraints, not gradients
 
 I, H, T, N = 3, 5, 6, 8
@@ -118,17 +120,8 @@ def test_every_rule_projects_the_layers_constraints_after_an_update(algo):
 def test_update_every_and_online_fit_project_inside_the_sequence():
     x, y = _data()
     with brainstate.environ.context(dt=1.0):
-        model = _model()
-        before = np.asarray(model.layers[2].weight.value["weight"])
-        ef.Trainer(model, algo="d_rtrl", optimizer=_up(), update_every=T).fit(x, y, batch_size=N, epochs=1,
-                                                                               verbose=0, shuffle=False)
-        _assert_projected(model, before)
-        model = _model()
-        brainstate.nn.init_all_states(model, batch_size=N)
-        before = np.asarray(model.layers[2].weight.value["weight"])
-        ef.online_fit(model, jnp.swapaxes(x, 0, 1), jnp.zeros((T, N, 2)), lambda o, t: jnp.sum((o - t) ** 2),
-                      _up(), update_every=T, algo="d_rtrl")
-        _assert_projected(model, before)
+        fit_inside_sequence(_model, _up(), x, y, lambda model: np.asarray(model.layers[2].weight.value["weight"]),
+                            _assert_projected)
 
 
 def test_a_norm_counts_the_connections_present_only():
