@@ -282,6 +282,18 @@ class RowBlocks:
     def __repr__(self) -> str:
         return "RowBlocks(" + ", ".join(f"rows {a}:{b}: {c!r}" for a, b, c in self.blocks if c is not None) + ")"
 
+    @classmethod
+    def of(cls, sized: Sequence[tuple[int, Callable[[Any], Any] | None]]) -> Callable[[Any], Any] | None:
+        """The constraint of a weight whose rows come in blocks of the given sizes, each
+        with its constraint (or ``None``): ``None`` when no block has one, the one
+        constraint when there is a single block, else a :class:`RowBlocks`."""
+        if all(constraint is None for _, constraint in sized):
+            return None
+        if len(sized) == 1:
+            return sized[0][1]
+        starts = np.cumsum([0] + [size for size, _ in sized])
+        return cls(tuple((int(a), int(b), c) for a, b, (_, c) in zip(starts[:-1], starts[1:], sized)))
+
 
 def weight_state(layer: Any, params: dict, w_constraint: Any = None, b_constraint: Any = None,
                  mask: Any = None) -> brainstate.ParamState:

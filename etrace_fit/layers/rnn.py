@@ -72,17 +72,9 @@ class _Cell(brainstate.nn.Module):
         """One of the cell's weights, on rows of the kinds ``rows`` names in order
         (``"input"``, ``"recurrent"``), each block of rows with the cell's constraint for
         its kind (Keras' ``kernel_constraint`` and ``recurrent_constraint``)."""
-        blocks, start = [], 0
-        for kind, size in rows:
-            blocks.append((start, start + size, self._constraints[kind]))
-            start += size
-        if all(constraint is None for _, _, constraint in blocks):
-            weight = None
-        elif len(blocks) == 1:
-            weight = blocks[0][2]
-        else:
-            weight = RowBlocks(tuple(blocks))
-        return Linear(start, out_size, **options, w_constraint=weight, b_constraint=self._constraints["bias"])
+        weight = RowBlocks.of([(size, self._constraints[kind]) for kind, size in rows])
+        return Linear(sum(size for _, size in rows), out_size, **options, w_constraint=weight,
+                      b_constraint=self._constraints["bias"])
 
     def _gate(self, x: Any, h: jax.Array) -> jax.Array:
         check_last_axis(self, x, self.in_features)

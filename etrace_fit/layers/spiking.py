@@ -340,8 +340,7 @@ class _Recurrent:
         if bias is not None and not with_bias:
             raise ConfigError(f"{describe(self)}: b_constraint={b_constraint!r} given, but the layer has no bias "
                               f"(with_bias=False)")
-        weight = None if kernel is None and recurrent is None else RowBlocks(
-            ((0, in_size, kernel), (in_size, in_size + self.size, recurrent)))
+        weight = RowBlocks.of([(in_size, kernel), (self.size, recurrent)])
         self.W = Linear(in_size + self.size, self.size, w_init=w_init, b_init=b_init, with_bias=with_bias, mask=mask,
                         w_constraint=weight, b_constraint=bias)
 
