@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import contextlib
 import itertools
+import warnings
 from typing import Any, Callable, Mapping, NamedTuple
 
 import brainstate
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat
-from ..compiler import ETraceGraph, compile_graph, format_path
+from ..compiler import DiagnosticKind, ETraceGraph, compile_graph, format_path
 from ..compiler.module_info import module_info
 from ..distributed import Placement, batch_axes, resolve_mesh
 from ..errors import ApproximationWarning, CompilationError, ConfigError, ShapeError
@@ -660,6 +661,8 @@ def compile(  # noqa: A001 - the public name, as ef.compile
                           f"{type(step_fn).__name__}")
     graph = compile_graph(model, *_example_args(example), step_fn=step_fn, online=sequence_algo(algo) is None,
                           verify=verify)
+    if warn:
+        warn_unread(graph, stacklevel=3)
     plan = None
     if sequence_algo(algo) is None:
         group = graph.hidden_groups[0]
@@ -889,6 +892,14 @@ def warn_readout_memory_under_updates(plan: Plan | None, why: str, stacklevel: i
                   f"and the updates change that weight within the memory (the error grows with the learning rate "
                   f"times the readout's time constant); a stateless readout (Linear) keeps them exact",
                   ApproximationWarning, stacklevel=stacklevel)
+
+
+def warn_unread(graph: ETraceGraph, stacklevel: int = 2) -> None:
+    """One ``UserWarning`` per ``ParamState`` the model's step never reads: no algo
+    trains it (Keras warns of a variable without a gradient alike)."""
+    for record in graph.diagnostics:
+        if record.kind is DiagnosticKind.NOT_READ:
+            warnings.warn(record.message, UserWarning, stacklevel=stacklevel + 1)
 
 
 def warn_approximations(plan: Plan, stacklevel: int = 2) -> None:

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
 from .learner import (CompiledSequence, Learner, _check_batch_axis, _run, check_sequence, compile,
-                      warn_approximations, warn_readout_memory_under_updates)
+                      warn_approximations, warn_readout_memory_under_updates, warn_unread)
 from .registry import ONLINE_ALGOS, check_algo, sequence_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
@@ -83,6 +83,7 @@ def _learner(model, xs, targets, step_loss, algo, decay, rank, trace_dtype, memo
         learner = learners[key] = compile(
             model, jax.tree.map(lambda x: x[0], xs), algo=algo, decay=alpha, trace_dtype=trace_dtype,
             memory_budget=budget, plan_batch=plan_batch, warn=False)
+        warn_unread(learner.graph, stacklevel=stacklevel)
         if learner.plan is not None:
             warn_approximations(learner.plan, stacklevel=stacklevel)
     return learner

@@ -32,6 +32,7 @@ class DiagnosticKind(enum.Enum):
     EXCLUDED_WEIGHT_TO_WEIGHT = ("excluded: weight-to-weight", Level.WARNING)
     EXCLUDED_UNUSED = ("excluded: output unused", Level.INFO)
     NOT_TRACED = ("weight not used by an ETP op", Level.WARNING)
+    NOT_READ = ("weight not read by the step", Level.WARNING)
     PARTIAL_PATH = ("partial path", Level.WARNING)
     APPROXIMATE = ("approximate online gradient", Level.WARNING)
     NON_ELEMENTWISE_COUPLING = ("non-elementwise hidden coupling", Level.WARNING)

@@ -95,6 +95,7 @@ def approximations(
             records.append(_record(relation, UNTRACED_USE, (
                 f"{name} is also used by plain jnp ops ({', '.join(plain)}) that reach a hidden state: "
                 f"that use gets its one-step gradient, not a trace")))
+    records.extend(_untraced_uses(module, relations))
     return tuple(records)
 
 
@@ -155,42 +156,97 @@ def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int
     """Per relation: the plain (non-ETP) primitives outside every operand chain that
     read one of its weight leaves, or a value its operand chain made of them (``w.T``,
     ``w * 2`` shared with the op), and whose result reaches a new hidden value."""
-    leaf_vars = {(s.path, leaf): var for s in module.weights for var, leaf in zip(s.in_vars, s.leaf_names)}
-    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
-    eqns = module.jaxpr.eqns
-    # Equations that feed a weight into an ETP op (the op, its masks and casts): traced uses.
-    traced = {i for relation in relations for i in _operand_chain(
-        module, relation, {leaf_vars[(o.path, o.leaf)] for o in relation.operands})}
-    traced |= {i for i, eqn in enumerate(eqns) if etp_op_info(eqn.primitive) is not None}
+    leaf_vars = _leaf_vars(module)
+    traced = _traced_equations(module, set(leaf_vars.values()))
     found = {}
     for relation in relations:
         leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
-        leaves |= {v for i in _operand_chain(module, relation, leaves) for v in eqns[i].outvars}
-        uses = []
-        for index, eqn in enumerate(eqns):
-            if index in traced:
-                continue
-            if any(not isinstance(v, _compat.Literal) and v in leaves for v in eqn.invars):
-                if hidden_new & _reached(module, eqn.outvars, after=index):
-                    uses.append(eqn.primitive.name)
+        chain, _ = _operand_chain(module, relation.eqn_index, leaves)
+        leaves |= {v for i in chain for v in module.jaxpr.eqns[i].outvars}
+        uses = _uses_reaching_hidden(module, leaves, traced)
         if uses:
-            found[relation.eqn_index] = tuple(dict.fromkeys(uses))
+            found[relation.eqn_index] = uses
     return found
 
 
-def _operand_chain(module: ModuleInfo, relation: Relation, leaves: set) -> set[int]:
-    """Indices of the equations between the weight leaves and the op (masks, casts)."""
+def _untraced_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> list[Diagnostic]:
+    """A weight leaf whose ETP ops drive no hidden state (a threshold read through
+    ``layers.read`` for the output spike only) but that plain ops also read on their way
+    to a hidden state (the same threshold read raw in the reset): that use is not traced,
+    and no relation's check sees it, so say so here (one record per weight)."""
+    leaf_vars = _leaf_vars(module)
+    every_leaf = set(leaf_vars.values())
+    traced = _traced_equations(module, every_leaf)
+    related = {leaf_vars[(o.path, o.leaf)] for relation in relations for o in relation.operands}
+    name_of = {var: (state, leaf) for state in module.weights for var, leaf in zip(state.in_vars, state.leaf_names)}
+    eqns = module.jaxpr.eqns
+    records, seen = [], set()
+    for index, eqn in enumerate(eqns):
+        op = etp_op_info(eqn.primitive)
+        if op is None or any(r.eqn_index == index for r in relations):
+            continue
+        chain, leaves = _operand_chain(module, index, every_leaf)
+        for leaf in sorted(leaves - related - seen, key=lambda v: str(name_of[v][0].path)):
+            seen.add(leaf)
+            own = {leaf} | {v for i in chain for v in eqns[i].outvars}
+            uses = _uses_reaching_hidden(module, own, traced)
+            if not uses:
+                continue
+            state, leaf_name = name_of[leaf]
+            where = state.name + (f"['{leaf_name}']" if leaf_name else "")
+            records.append(Diagnostic(DiagnosticKind.APPROXIMATE, (
+                f"{where} is also used through plain jnp ops ({', '.join(uses)}) that reach a hidden state, besides "
+                f"{eqn.primitive.name}, which drives none: that use is not traced, so it gets the one-step gradient "
+                f"(read the weight through etrace_fit.ops everywhere, e.g. layers.read(...), to trace it)"),
+                primitive=eqn.primitive.name, weight_path=state.path, context=(("reason", UNTRACED_USE),)))
+    return records
+
+
+def _leaf_vars(module: ModuleInfo) -> dict:
+    """``{(weight path, leaf name): the step's input variable of that leaf}``."""
+    return {(s.path, leaf): var for s in module.weights for var, leaf in zip(s.in_vars, s.leaf_names)}
+
+
+def _traced_equations(module: ModuleInfo, leaves: set) -> set[int]:
+    """Equations that feed a weight into an ETP op (the ops, their masks and casts): traced uses."""
+    eqns = module.jaxpr.eqns
+    etp = [i for i, eqn in enumerate(eqns) if etp_op_info(eqn.primitive) is not None]
+    return set(etp) | {i for index in etp for i in _operand_chain(module, index, leaves)[0]}
+
+
+def _uses_reaching_hidden(module: ModuleInfo, values: set, traced: set[int]) -> tuple[str, ...]:
+    """The primitives of the untraced equations that read one of ``values`` and whose
+    result reaches a new hidden value, each named once."""
+    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+    uses = []
+    for index, eqn in enumerate(module.jaxpr.eqns):
+        if index in traced:
+            continue
+        if any(not isinstance(v, _compat.Literal) and v in values for v in eqn.invars):
+            if hidden_new & _reached(module, eqn.outvars, after=index):
+                uses.append(eqn.primitive.name)
+    return tuple(dict.fromkeys(uses))
+
+
+def _operand_chain(module: ModuleInfo, index: int, leaves: set) -> tuple[set[int], set]:
+    """The indices of the equations between the weight leaves and ETP equation
+    ``index`` (masks, casts), and the leaves among ``leaves`` they start from."""
     eqns = module.jaxpr.eqns
     producer = {var: i for i, eqn in enumerate(eqns) for var in eqn.outvars}
-    eqn = eqns[relation.eqn_index]
+    eqn = eqns[index]
     _, trainables = etp_op_info(eqn.primitive).split_operands(list(eqn.invars))
-    chain, stack = set(), list(trainables.values())
+    chain, found, stack = set(), set(), list(trainables.values())
     while stack:
         var = stack.pop()
-        if isinstance(var, _compat.Literal) or var in leaves or var not in producer:
+        if isinstance(var, _compat.Literal):
+            continue
+        if var in leaves:
+            found.add(var)
+            continue
+        if var not in producer:
             continue
         index = producer[var]
         if index not in chain:
             chain.add(index)
             stack.extend(eqns[index].invars)
-    return chain
+    return chain, found

@@ -180,7 +180,7 @@ def compile_graph(model: Any, *example_inputs: Any, step_fn: Any = None, online:
         diagnostics = (*module.diagnostics, Diagnostic(
             DiagnosticKind.STATE_MISMATCH, f"{_NO_GROUPS} (BPTT needs none): {error}", level=Level.INFO))
     else:
-        found, relation_records = relations(module, groups)
+        found, relation_records = relations(module, groups, online)
         diagnostics = (*module.diagnostics, *group_records, *relation_records,
                        *approximations(module, groups, found))
         if online and wants_check(model, verify):

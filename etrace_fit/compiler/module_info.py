@@ -311,6 +311,15 @@ def module_info(model: Any, *example_inputs: Any, step_fn: Any = None, online: b
             written=is_written, unit=u.get_unit(state.value), state=state,
         ))
 
+    read = {id(state) for state in traced_states}
+    for path, state in model.states(brainstate.ParamState).items():
+        if id(state) not in read:  # what the step never reads no algo can train: said, as Keras does
+            diagnostics.append(Diagnostic(DiagnosticKind.NOT_READ, (
+                f"{format_path(path)} is a ParamState that the model's step never reads: it gets no gradient under "
+                f"any algo (BPTT too) and keeps its value. An initial state learned through reset_state / "
+                f"init_state is not trained: every sequence starts from the states as reset, outside the step "
+                f"that is differentiated. Hold a value that should not learn in a brainstate.State"),
+                weight_path=path))
     if online and not any(s.kind == HIDDEN for s in states):
         raise CompilationError(
             f"{type(model).__name__} has no hidden state that its step writes: there is nothing to "

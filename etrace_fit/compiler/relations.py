@@ -20,7 +20,7 @@ import numpy as np
 from .. import _compat
 from ..ops import etp_op_info
 from ._dataflow import cut_step, is_boundary, is_etp
-from .diagnostics import Diagnostic, DiagnosticKind, format_path
+from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .hidden_groups import HiddenGroup
 from .module_info import ModuleInfo
 
@@ -215,9 +215,10 @@ def _transition_jaxpr(module: ModuleInfo, eqn_index: int, y_aval: Any, group: Hi
 
 
 def relations(
-    module: ModuleInfo, groups: tuple[HiddenGroup, ...]
+    module: ModuleInfo, groups: tuple[HiddenGroup, ...], online: bool = True
 ) -> tuple[tuple[Relation, ...], tuple[Diagnostic, ...]]:
-    """All relations of the step, in equation order, and the pass's diagnostics."""
+    """All relations of the step, in equation order, and the pass's diagnostics
+    (``online``: a hidden state that stacks several values per unit is an error)."""
     backtracer = _Backtracer(module)
     hidden_out = [(s.out_vars[0], s) for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)]
     group_of = {path: group for group in groups for path in group.paths}
@@ -275,6 +276,20 @@ def relations(
                 why = (f" (a dense op on ({', '.join(map(str, state_shape[:-1]))}, ...) inputs, applied per position: "
                        f"it flattens the leading axes; Conv1d / Conv2d with kernel_size=1 is the same map and is "
                        f"traced per position)" if flattened else "")
+                stacked = len(state_shape) == len(y.aval.shape) + 1 and state_shape[:-1] == tuple(y.aval.shape)
+                if stacked:  # (v, i) of a Norse LIF in one (B, H, 2) state: every weight into it got zero
+                    diagnostics.append(Diagnostic(
+                        DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
+                        f"{format_path(path)} {state_shape} stacks {state_shape[-1]} values per unit on its last "
+                        f"axis, which {name} {tuple(y.aval.shape)} drives: the online rules follow hidden states of "
+                        f"the units' shape, one per quantity, so every weight into it would get no gradient through "
+                        f"time. Split it into {state_shape[-1]} HiddenStates of shape {tuple(y.aval.shape)} (with "
+                        f"ef.layers.Neuron: self.hidden('v'), self.hidden('i'), ...; they form one hidden group, "
+                        f"which D-RTRL follows exactly); algo='bptt' takes it as written",
+                        level=Level.ERROR if online else None,
+                        primitive=name, weight_path=weight_path, hidden_paths=(path,),
+                    ))
+                    continue
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
                     f"{name} output {tuple(y.aval.shape)} does not broadcast to {format_path(path)} "

@@ -38,6 +38,7 @@ BUILDERS = {
     "split_recurrent": lambda: ef.Sequential(SplitRecurrentLIF(), lin(H, O, 2)),
     "lora_two_lif": lambda: ef.Sequential(L.LoRALinear(I, H, rank=2, w_init=rand(5, I, H, scale=1.5)), L.LIF(H),
                                           lin(H, H, 6), L.LIF(H), lin(H, O, 2)),
+    "mixed_threshold": lambda: ef.Sequential(lin(I, H, 7, 2.0), MixedThreshold(), lin(H, O, 2)),
 }
 H = 8
 
@@ -57,6 +58,27 @@ class SplitRecurrentLIF(brainstate.nn.Module):
     def update(self, x):
         z_prev = self.lif.surrogate(self.lif.V.value - self.lif.v_threshold)
         return self.lif(self.W_in(x) + self.W_rec(z_prev))
+
+
+class MixedThreshold(L.Neuron):
+    """A learned threshold read raw (``self.thr.value``) in the reset and through
+    ``layers.read`` for the output spike: its only ETP op drives no hidden state, so
+    no relation's check saw the raw use, and D-RTRL gave it a gradient up to 2× BPTT's
+    without a word (an audit's user neuron)."""
+
+    def __init__(self):
+        super().__init__(H)
+        self.thr = L.parameter(self, np.linspace(0.4, 0.6, H), H, learn=True, what="threshold")
+        self.hidden("mem")
+
+    def update(self, x):
+        spike = L.Sigmoid()
+        mem = self.mem.value
+        mem = 0.9 * mem + x - spike(mem - self.thr.value) * self.thr.value
+        self.mem.value = mem
+        return spike(mem - L.read(self.thr))
+
+
 X_SHAPES = {"conv1d_lif": MODELS["conv1d_lif"][1]}
 
 
@@ -98,5 +120,5 @@ def test_every_inexact_weight_is_named(name, algo):
     if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight", "rate_readout") and algo != "esd_rtrl":
         assert inexact == [] and named == ""  # exact models stay silent (a learned readout τ's memory is followed)
     if name in ("gru", "two_lif", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
-                "split_recurrent", "lora_two_lif"):
+                "split_recurrent", "lora_two_lif", "mixed_threshold"):
         assert inexact, "this model was expected to have an approximate weight"

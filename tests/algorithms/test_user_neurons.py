@@ -540,3 +540,91 @@ def test_integer_hidden_state_is_carried_without_trace(algo):
     np.testing.assert_allclose(online_v, forward_v, rtol=1e-12, atol=1e-12)
     assert_losses_match(losses, case.reference("every")[1], LOSS_RTOL)
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(grads))
+
+
+# ------------------------------------------------------------------ what the rules cannot follow, said
+
+
+class StackedNorseLIF(brainstate.nn.Module):
+    """``NorseLIF`` with ``(v, i)`` in one ``(B, N, 2)`` state (brainstate takes no
+    NamedTuple state, so users stack): every online rule gave the input weight a zero
+    gradient, with warnings of a shape mismatch and of units that mix."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.spike = size, ef.layers.Sigmoid()
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.state = brainstate.HiddenState(jnp.zeros((batch_size, self.size, 2), brainstate.environ.dftype()))
+
+    def reset_state(self, batch_size=None, **kwargs):
+        self.state.value = jnp.zeros((batch_size, self.size, 2), brainstate.environ.dftype())
+
+    def update(self, x):
+        v, i = self.state.value[..., 0], self.state.value[..., 1]
+        v_decayed, i_decayed = v + 0.1 * (i - v), 0.8 * i
+        z = self.spike(v_decayed - 1.0)
+        self.state.value = jnp.stack([(1.0 - z) * v_decayed, i_decayed + x], axis=-1)
+        return z
+
+
+class LearnedInitialLIF(brainstate.nn.Module):
+    """A "learned initial membrane": a ``ParamState`` written into the state by
+    ``reset_state`` and never read by the step. No algo trains it (BPTT differentiates
+    the step from the states as reset); it had no row in the report and no warning."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.spike = size, ef.layers.Sigmoid()
+        self.v0 = brainstate.ParamState(jnp.linspace(0.2, 0.8, size, dtype=brainstate.environ.dftype()))
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.V = brainstate.HiddenState(jnp.broadcast_to(self.v0.value, (batch_size, self.size)))
+
+    def reset_state(self, batch_size=None, **kwargs):
+        self.V.value = jnp.broadcast_to(self.v0.value, (batch_size, self.size))
+
+    def update(self, x):
+        self.V.value = 0.9 * self.V.value + x - self.spike(self.V.value - 1.0)
+        return self.spike(self.V.value - 1.0)
+
+
+def _user_model(neuron_class):
+    with UserCase.env():
+        model = ef.Sequential(lin(I, N, 0, 2.0), neuron_class(N), lin(N, O, 2))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs = jnp.asarray(rand(10, 8, B, I, scale=2.0, shift=0.5), brainstate.environ.dftype())
+        ys = jnp.asarray(rand(11, 8, B, O), brainstate.environ.dftype())
+    return model, xs, ys
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "esd_rtrl", "hybrid"])
+def test_a_state_stacking_values_per_unit_is_an_error_that_says_how_to_split_it(algo):
+    model, xs, ys = _user_model(StackedNorseLIF)
+    with UserCase.env(), pytest.raises(ef.CompilationError) as caught:
+        ef.sequence_grad(model, xs, ys, mse, algo=algo)
+    message = str(caught.value)
+    assert f"layers.1.state ({B}, {N}, 2) stacks 2 values per unit" in message, message
+    assert f"Split it into 2 HiddenStates of shape ({B}, {N})" in message and "algo='bptt'" in message, message
+
+
+def test_bptt_takes_a_state_stacking_values_per_unit_as_written():
+    model, xs, ys = _user_model(StackedNorseLIF)
+    with UserCase.env():
+        expected, _ = bptt_fn(model, mse, B)(xs, ys)
+        grads, _ = online_grads(model, xs, ys, mse, B, algo="bptt")
+    assert_grads_match(grads, to_host(expected), 1e-12)
+
+
+@pytest.mark.parametrize("algo", ["d_rtrl", "hybrid", "bptt"])
+def test_a_param_state_the_step_never_reads_is_warned_under_every_algo(algo):
+    model, xs, ys = _user_model(LearnedInitialLIF)
+    said = "layers.1.v0 is a ParamState that the model's step never reads: it gets no gradient under any algo"
+    with UserCase.env():
+        with pytest.warns(UserWarning, match=said):
+            grads, _ = ef.sequence_grad(model, xs, ys, mse, algo=algo)
+        assert not np.any(np.asarray(leaves_by_name(to_host(grads))["layers.1.v0"]))  # what the warning says
+        with pytest.warns(UserWarning, match=said):
+            ef.compile(model, xs[0], mse, algo=algo)
+        report = ef.compile_graph(model, xs[0], online=algo != "bptt").report()
+    assert "weight not read by the step [layers.1.v0]" in report, report
