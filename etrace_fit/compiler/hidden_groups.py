@@ -128,12 +128,17 @@ def hidden_groups(module: ModuleInfo) -> tuple[tuple[HiddenGroup, ...], tuple[Di
         for k, aval in zip(ks, avals):
             if tuple(aval.shape) != tuple(first.shape):
                 listing = ", ".join(f"{hidden[j].name} {tuple(a.shape)}" for j, a in zip(ks, avals))
+                shapes = sorted({tuple(a.shape) for a in avals}, key=len)
+                extra_axis = len(shapes) == 2 and shapes[1][:-1] == shapes[0]  # (B, H) beside (B, H, D)
+                fix = ("give them one shape: a buffer with an axis more (a delay line of D taps, shape (batch, "
+                       "units, D)) as D hidden states of the units' shape, one per tap, each written from the one "
+                       "before (D-RTRL follows such a line exactly)" if extra_axis else
+                       "a state of another shape that the units read and drive (a population-wide one, such as a "
+                       "global inhibition of shape (batch, 1)) couples every unit with every other, which per-unit "
+                       "traces cannot follow; give it the units' shape if it is per unit")
                 raise CompilationError(
-                    f"hidden states {listing} update each other per unit but differ in shape, so they "
-                    f"cannot form one hidden group; give them one shape: a buffer with an axis more (a delay "
-                    f"line of D taps, shape (batch, units, D)) as D hidden states of the units' shape, one per "
-                    f"tap, each written from the one before (D-RTRL follows such a line exactly); algo='bptt' takes "
-                    f"the states as they are"
+                    f"hidden states {listing} update each other but differ in shape, so they cannot form one "
+                    f"hidden group; {fix}; algo='bptt' takes the states as they are"
                 )
             if aval.dtype != first.dtype:
                 listing = ", ".join(f"{hidden[j].name} {a.dtype}" for j, a in zip(ks, avals))

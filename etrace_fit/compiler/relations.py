@@ -290,10 +290,15 @@ def relations(
                         primitive=name, weight_path=weight_path, hidden_paths=(path,),
                     ))
                     continue
+                how = (f"is broadcast over {format_path(path)} {group_of[path].shape}: a dense op's output "
+                            f"must have its state's shape (one output per unit), and one output that every unit "
+                            f"reads couples them all" if op.kind != "elementwise"
+                            and _broadcasts_to(tuple(y.aval.shape), state_shape) else
+                            f"does not broadcast to {format_path(path)} {group_of[path].shape}")
                 diagnostics.append(Diagnostic(
                     DiagnosticKind.EXCLUDED_SHAPE_MISMATCH,
-                    f"{name} output {tuple(y.aval.shape)} does not broadcast to {format_path(path)} "
-                    f"{group_of[path].shape}{why}; that path is not traced (it gets the one-step gradient)",
+                    f"{name} output {tuple(y.aval.shape)} {how}{why}; that path is not traced (it gets the "
+                    f"one-step gradient)",
                     primitive=name, weight_path=weight_path, hidden_paths=(path,),
                 ))
         if not shape_ok:
@@ -340,7 +345,7 @@ def _exclusion(name, weight_path, reached, direct, reach, outputs) -> Diagnostic
     """Why an ETP op with a weight relates to no hidden state."""
     if direct:
         kind, message = DiagnosticKind.EXCLUDED_SHAPE_MISMATCH, (
-            f"{name} reaches hidden states only with shapes it does not broadcast to; not traced: it gets "
+            f"{name} reaches hidden states only with shapes it does not drive unit by unit; not traced: it gets "
             f"the one-step gradient (use algo='bptt' for the exact one)"
         )
     elif reached:

@@ -86,8 +86,36 @@ class TwoShapes(brainstate.nn.Module):
 
 def test_states_of_one_group_with_different_shapes_are_refused(env64):
     module = module_info(TwoShapes(), jnp.ones((B, I)))
-    with pytest.raises(CompilationError, match=r"cannot form one hidden group"):
+    with pytest.raises(CompilationError, match=r"cannot form one hidden group") as caught:
         hidden_groups(module)
+    assert "delay line" not in str(caught.value)  # (N,) beside (B, N) is no buffer with an axis more
+
+
+class GlobalInhibition(brainstate.nn.Module):
+    """A population-wide inhibition ``(B, 1)`` driven by the units' spikes and read by
+    every unit: the error said the states "update each other per unit" and offered a
+    delay line's split, which does not apply (an audit's user neuron)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = brainstate.ParamState(jnp.asarray(rand(0, I, N)))
+        self.h = brainstate.HiddenState(jnp.zeros((B, N)))
+        self.inhibition = brainstate.HiddenState(jnp.zeros((B, 1)))
+
+    def update(self, x):
+        self.inhibition.value = 0.8 * self.inhibition.value + jnp.mean(self.h.value, axis=1, keepdims=True)
+        self.h.value = 0.9 * self.h.value + ops.matmul(x, self.w.value) - self.inhibition.value
+        return self.h.value
+
+
+def test_a_population_wide_state_is_refused_for_what_it_is(env64):
+    module = module_info(GlobalInhibition(), jnp.ones((B, I)))
+    with pytest.raises(CompilationError, match=r"cannot form one hidden group") as caught:
+        hidden_groups(module)
+    message = str(caught.value)
+    assert f"h ({B}, {N}), inhibition ({B}, 1)" in message or f"inhibition ({B}, 1), h ({B}, {N})" in message, message
+    assert "global inhibition of shape (batch, 1)" in message and "per unit but" not in message, message
+    assert "delay line" not in message and "algo='bptt'" in message, message
 
 
 # ---------------------------------------------------------------- the Jacobian D

@@ -215,6 +215,16 @@ def test_a_weight_output_wider_than_the_state_is_excluded_as_shape_mismatch(env6
     assert any("(2, 8)" in d.message and "(2, 4)" in d.message for d in records)
 
 
+def test_one_dense_output_read_by_every_unit_is_said_to_be_broadcast(env64):
+    """Population coding: ``Linear(I, 1)``'s ``(B, 1)`` output drives every unit of
+    ``h (B, N)``. It does broadcast; the record said it "does not broadcast"."""
+    graph = ef.compile_graph(Leaky(lambda x, w: ops.matmul(x, w), w_shape=(I, 1)), jnp.ones((B, I)))
+    assert graph.relations == ()
+    messages = " ".join(d.message for d in graph.diagnostics_of("w"))
+    assert f"output ({B}, 1) is broadcast over h ({B}, {N})" in messages, messages
+    assert "one output per unit" in messages and "does not broadcast" not in messages, messages
+
+
 def test_a_path_both_direct_and_through_another_weight_is_mixed_with_a_partial_path_warning(env64):
     class TwoPaths(brainstate.nn.Module):
         def __init__(self):
