@@ -154,9 +154,17 @@ class EProp:
         what = f"the readout ({eqn.primitive.name} {weight_shape[0]} → {weight_shape[-1]}, the step's last dense op)"
         reading = groups_reaching(graph, x_var)
         if len(reading) != 1:
-            found = ", ".join(graph.hidden_groups[g].name for g in reading) or "none"
+            if not reading:  # a spike of the membrane before its reset, written into no state
+                raise ConfigError(
+                    f"algo='eprop': {what} must read the spikes of one recurrent layer as the step writes them, but "
+                    f"its input is computed from no hidden state's new value (a spike taken from the membrane "
+                    f"before the reset that follows it, as Norse's LIF does, is such an input): e-prop's "
+                    f"eligibility follows the states the step writes. Store the spike as a hidden state "
+                    f"(self.hidden('z')) and return it, or take it from the new membrane; algo='hybrid' or "
+                    f"'d_rtrl' take the neuron as written")
+            found = ", ".join(graph.hidden_groups[g].name for g in reading)
             raise ConfigError(f"algo='eprop': {what} must read the spikes of one recurrent layer; it reads the "
-                              f"hidden groups: {found}")
+                              f"hidden groups {found}")
         group = graph.hidden_groups[reading[0]]
         if not reading_is_elementwise(graph, group, x_var):
             raise ConfigError(f"algo='eprop': {what} reads {group.name} through an op that mixes units (a "

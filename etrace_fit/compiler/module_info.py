@@ -169,7 +169,10 @@ def _check_custom_vjp(eqn: Any, invals: list) -> None:
     which is when its VJP gives its forward-mode derivative exactly."""
     name = _compat.custom_vjp_name(eqn)
     outs = [v.aval for v in eqn.outvars]
-    floats = [v for v in invals if jnp.issubdtype(jnp.result_type(v), jnp.inexact)]
+    # a constant input (snnTorch's ATan.apply(mem, alpha) with a number for alpha) has no derivative
+    varying = [i for i, v in enumerate(invals) if _compat.is_tracer(v) and jnp.issubdtype(jnp.result_type(v),
+                                                                                           jnp.inexact)]
+    floats = [invals[i] for i in varying]
     problem = None
     if not all(jnp.issubdtype(a.dtype, jnp.inexact) and a.shape == outs[0].shape for a in outs):
         shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in outs)
@@ -181,8 +184,15 @@ def _check_custom_vjp(eqn: Any, invals: list) -> None:
     elif not all(is_elementwise(e) for e in _compat.custom_vjp_jaxpr(eqn).jaxpr.eqns):
         problem = "its forward pass mixes entries (it is not elementwise)"
     else:
-        backward = jax.make_jaxpr(lambda *args: jax.vjp(lambda *a: _compat.eval_equation(eqn, list(a)), *args)[1](
-            [jnp.ones(a.shape, a.dtype) for a in outs]))(*invals)
+        def pullback_of_ones(*args):
+            def at(*moved):
+                values = list(args)
+                for i, value in zip(varying, moved):
+                    values[i] = value
+                return _compat.eval_equation(eqn, values)
+            return jax.vjp(at, *[args[i] for i in varying])[1]([jnp.ones(a.shape, a.dtype) for a in outs])
+
+        backward = jax.make_jaxpr(pullback_of_ones)(*invals)
         if not all(is_elementwise(e) for e in backward.jaxpr.eqns):
             problem = "its bwd mixes entries (it is not elementwise)"
     if problem:

@@ -262,6 +262,21 @@ def test_report_names_the_rule_and_why_it_is_approximate():
         assert learner.plan.rule_of("layers.1.weight") == ("d_rtrl",)
 
 
+class SpikeBeforeReset(L.Neuron):
+    """Integrate, fire, reset to zero, the spike taken before the reset (Norse's order)."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.spike = L.Sigmoid()
+        self.hidden("mem")
+
+    def update(self, x):
+        mem = 0.9 * self.mem.value + x
+        z = self.spike(mem - 1.0)
+        self.mem.value = jnp.where(z > 0.5, 0.0, mem)
+        return z
+
+
 def test_models_eprop_does_not_take_are_refused_by_name():
     with env():
         deep = ef.Sequential(L.Linear(N_IN, N), L.LIF(N), L.Linear(N, N), L.LIF(N), L.Linear(N, 2))
@@ -278,6 +293,11 @@ def test_models_eprop_does_not_take_are_refused_by_name():
         with pytest.raises(ConfigError, match=r"decay is not one number.*EProp\(kappa=...\)"):
             ef.compile(leaky, jnp.zeros((B, N_IN)), loss, algo="eprop")
         ef.compile(leaky, jnp.zeros((B, N_IN)), loss, algo=EProp(kappa=0.7), warn=False)  # given: accepted
+        norse = ef.Sequential(L.Linear(N_IN, N), SpikeBeforeReset(N), L.Linear(N, 2))
+        brainstate.nn.init_all_states(norse, batch_size=B)
+        with pytest.raises(ConfigError, match=r"computed from no hidden state's new value.*self\.hidden\('z'\)"
+                                              r".*algo='hybrid'"):  # it had said "reads the hidden groups: none"
+            ef.compile(norse, jnp.zeros((B, N_IN)), loss, algo="eprop")
     for bad, message in [(dict(feedback="mirror"), "feedback must be one of"), (dict(kappa=1.0), "kappa must be"),
                          (dict(seed=1.5), "seed must be an int")]:
         with pytest.raises(ConfigError, match=message):

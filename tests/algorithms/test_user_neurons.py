@@ -265,6 +265,38 @@ class LearnedThresholdSnnTorch(brainstate.nn.Module):
 
 
 # name -> (neuron constructor, input scale, input shift): moderate spike rates
+@jax.custom_vjp
+def atan_spike(v, alpha):
+    """snnTorch's ``ATan.apply(mem, alpha)`` ported: Heaviside forward, the arctan
+    surrogate backward; ``alpha`` a number the neuron passes (no derivative)."""
+    return (v > 0).astype(v.dtype)
+
+
+atan_spike.defvjp(lambda v, alpha: (atan_spike(v, alpha), (v, alpha)),
+                  lambda res, g: (g * res[1] / 2 / (1 + (jnp.pi / 2 * res[1] * res[0]) ** 2), jnp.zeros_like(res[1])))
+
+
+class ATanLeaky(brainstate.nn.Module):
+    """snnTorch's ``Leaky`` with its ``ATan`` surrogate ported as a ``custom_vjp`` taking
+    the slope as an argument: the compiler refused it ("a broadcast input's derivative
+    is summed") although the slope is a constant."""
+
+    def __init__(self, size, beta=0.9, threshold=1.0, alpha=2.0):
+        super().__init__()
+        self.size, self.beta, self.threshold, self.alpha = size, beta, threshold, alpha
+
+    def init_state(self, batch_size=None, **kwargs):
+        self.mem = brainstate.HiddenState(_zeros(batch_size, self.size))
+
+    def reset_state(self, batch_size=None, **kwargs):
+        self.mem.value = _zeros(batch_size, self.size)
+
+    def update(self, x):
+        reset = atan_spike(self.mem.value - self.threshold, self.alpha)
+        self.mem.value = self.beta * self.mem.value + x - reset * self.threshold
+        return atan_spike(self.mem.value - self.threshold, self.alpha)
+
+
 NEURONS = {
     "snntorch_subtract": (lambda: SnnTorchLeaky(N, reset="subtract"), 0.8, 0.4),
     "snntorch_zero": (lambda: SnnTorchLeaky(N, reset="zero"), 0.8, 0.4),
@@ -274,6 +306,7 @@ NEURONS = {
     "refractory_lif": (lambda: RefractoryLIF(N), 0.8, 0.4),
     "learned_threshold_lif": (lambda: LearnedThresholdLIF(N), 0.8, 0.4),
     "learned_threshold_snntorch": (lambda: LearnedThresholdSnnTorch(N), 0.8, 0.4),
+    "atan_custom_vjp": (lambda: ATanLeaky(N), 0.8, 0.4),
 }
 NAMES = list(NEURONS)
 LOSS_ON = ("every", "last")
@@ -466,6 +499,7 @@ ESD_COSINES = {
     "refractory_lif": {W_IN: 0.9710, BIAS: 1.0},
     "learned_threshold_lif": {W_IN: 0.9872, BIAS: 1.0, "layers.1.thr": 1.0, "layers.1.tau": 1.0},
     "learned_threshold_snntorch": {W_IN: 0.9849, BIAS: 1.0, "layers.1.thr": 1.0},
+    "atan_custom_vjp": {W_IN: 0.9882, BIAS: 1.0},
 }
 ESD_EXACT = (BIAS, "layers.1.", "layers.2.")  # leaves ES-D-RTRL gets exactly (rel err < 1e-6)
 

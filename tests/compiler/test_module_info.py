@@ -426,7 +426,9 @@ def _custom_vjp(forward, backward):
      r"its forward pass mixes entries"),
     (_custom_vjp(lambda v: (v > 1.0).astype(v.dtype), lambda v, g: (g * jnp.mean(g, axis=-1, keepdims=True),)),
      r"its bwd mixes entries"),
-    (lambda v: _custom_vjp(lambda v, th: (v > th).astype(v.dtype), lambda v, th, g: (g, -jnp.sum(g)))(v, 1.0),
+    # a threshold that varies (a constant one has no derivative, and is taken: tests/algorithms/test_user_neurons.py)
+    (lambda v: _custom_vjp(lambda v, th: (v > th).astype(v.dtype), lambda v, th, g: (g, -jnp.sum(g)))(
+        v, 0.5 * jnp.mean(v)),
      rf"its float inputs have shapes \[{B}, {N}\], \[\] and its output \[{B}, {N}\]: a broadcast input's "
      r"derivative is summed"),
 ])
