@@ -28,9 +28,10 @@ MIXING_PATH = "mixing_path"
 UNTRACED_USE = "untraced_use"
 
 
-def _reached(module: ModuleInfo, starts: Iterable[Any], after: int = -1) -> set:
-    """Every variable computed (through any op) from ``starts`` by equations after ``after``."""
-    return reached(module.jaxpr, starts, after)
+def _reached(module: ModuleInfo, starts: Iterable[Any], after: int = -1, differentiable: bool = False) -> set:
+    """Every variable computed (through any op) from ``starts`` by equations after
+    ``after`` (``differentiable``: not through ``stop_gradient``)."""
+    return reached(module.jaxpr, starts, after, differentiable)
 
 
 def approximations(
@@ -40,10 +41,11 @@ def approximations(
     state_of = {s.path: s for s in module.hidden}
     new_value_group = {state_of[p].out_vars[0]: g.index for g in groups for p in g.paths
                        if not isinstance(state_of[p].out_vars[0], _compat.Literal)}
-    # group -> the other groups whose new values read its previous values, at any depth
+    # group -> the values its previous values reach with a derivative, at any depth (a recurrent
+    # spike read under stop_gradient, as e-prop's detached reset, is no dense recurrence)
     reads_previous = {}
     for group in groups:
-        reached = _reached(module, (state_of[p].in_vars[0] for p in group.paths))
+        reached = _reached(module, (state_of[p].in_vars[0] for p in group.paths), differentiable=True)
         reads_previous[group.index] = reached
     eqns = module.jaxpr.eqns
     weight_uses = _plain_uses(module, relations)

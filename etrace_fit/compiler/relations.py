@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _compat
 from ..ops import etp_op_info
-from ._dataflow import cut_step, is_boundary, is_etp
+from ._dataflow import cut_step, is_boundary, is_etp, reached
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .hidden_groups import HiddenGroup
 from .module_info import ModuleInfo
@@ -367,18 +367,24 @@ def _untraced_weights(module: ModuleInfo, consumed: set) -> list[Diagnostic]:
     """Weights (or leaves of them) that no ETP op uses: plain ``jnp`` use, or unused."""
     used = {v for eqn in module.jaxpr.eqns for v in eqn.invars if not isinstance(v, _compat.Literal)}
     used |= {v for v in module.jaxpr.outvars if not isinstance(v, _compat.Literal)}
+    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
     records = []
     for state in module.weights:
         for var, leaf in zip(state.in_vars, state.leaf_names):
             if (state.path, leaf) in consumed:
                 continue
             where = state.name + (f"['{leaf}']" if leaf else "")
-            if var in used:
+            kind = DiagnosticKind.NOT_TRACED
+            if var not in used:
+                message = f"{where} is not used by the step"
+            elif hidden_new & reached(module.jaxpr, [var], differentiable=True):
                 message = (f"{where} is used through plain jnp ops, not an ETP op: online rules cannot trace it; "
                            f"it gets the one-step gradient (route it through etrace_fit.ops to trace it)")
-            else:
-                message = f"{where} is not used by the step"
-            records.append(Diagnostic(DiagnosticKind.NOT_TRACED, message, weight_path=state.path))
+            else:  # a readout written with plain jnp (brainstate.nn.Linear): nothing to trace
+                kind, message = DiagnosticKind.EXCLUDED_NON_TEMPORAL, (
+                    f"{where} is used through plain jnp ops that reach the step's output but no hidden state; "
+                    f"its instantaneous gradient is exact")
+            records.append(Diagnostic(kind, message, weight_path=state.path))
     return records
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import brainstate
+import jax
 
 import etrace_fit as ef
 from etrace_fit import layers as L
@@ -39,6 +40,9 @@ BUILDERS = {
     "lora_two_lif": lambda: ef.Sequential(L.LoRALinear(I, H, rank=2, w_init=rand(5, I, H, scale=1.5)), L.LIF(H),
                                           lin(H, H, 6), L.LIF(H), lin(H, O, 2)),
     "mixed_threshold": lambda: ef.Sequential(lin(I, H, 7, 2.0), MixedThreshold(), lin(H, O, 2)),
+    "detached_recurrent": lambda: ef.Sequential(lin(I, H, 7, 2.0), DetachedRecurrentLIF(), lin(H, O, 2)),
+    "plain_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
+                                           brainstate.nn.Linear(H, O)),
 }
 H = 8
 
@@ -79,6 +83,26 @@ class MixedThreshold(L.Neuron):
         return spike(mem - L.read(self.thr))
 
 
+class DetachedRecurrentLIF(L.Neuron):
+    """snnTorch's ``RLeaky`` with its recurrent spike detached (``stop_gradient``, as
+    e-prop's ``detach_reset``): no derivative runs through the recurrence, so D-RTRL is
+    BPTT's, but both weights were warned of as dense recurrence (an audit's finding)."""
+
+    def __init__(self):
+        super().__init__(H)
+        self.recurrent = lin(H, H, 9, 0.8)
+        self.hidden("mem")
+        self.hidden("spike")
+
+    def update(self, x):
+        surrogate = L.Sigmoid()
+        mem = self.mem.value
+        mem = 0.9 * mem + x + self.recurrent(jax.lax.stop_gradient(self.spike.value)) - surrogate(mem - 0.5)
+        self.mem.value = mem
+        self.spike.value = surrogate(mem - 0.5)
+        return self.spike.value
+
+
 X_SHAPES = {"conv1d_lif": MODELS["conv1d_lif"][1]}
 
 
@@ -117,7 +141,8 @@ def test_every_inexact_weight_is_named(name, algo):
                 assert f"the online gradient of {path} is approximate" in named, (path, named)
                 assert path in listed, (path, listed)
                 break
-    if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight", "rate_readout") and algo != "esd_rtrl":
+    if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight", "rate_readout", "detached_recurrent",
+                "plain_readout") and algo != "esd_rtrl":
         assert inexact == [] and named == ""  # exact models stay silent (a learned readout τ's memory is followed)
     if name in ("gru", "two_lif", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
                 "split_recurrent", "lora_two_lif", "mixed_threshold"):
