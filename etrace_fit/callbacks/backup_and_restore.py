@@ -9,7 +9,7 @@ import warnings
 from ..checkpoint import read_checkpoint, remove_temporaries
 from ..distributed import barrier, is_main_process
 from ..errors import CheckpointError, ConfigError
-from .base import Callback, writable_folder
+from .base import Callback, checked_flag, writable_folder
 
 __all__ = ["BackupAndRestore"]
 
@@ -64,7 +64,7 @@ class BackupAndRestore(Callback):
 
     def __init__(self, backup_dir: str, delete_on_finish: bool = True):
         self.backup_dir = os.fspath(backup_dir)
-        self.delete_on_finish = delete_on_finish
+        self.delete_on_finish = checked_flag("BackupAndRestore", "delete_on_finish", delete_on_finish)
         self.latest = os.path.join(self.backup_dir, "latest.ckpt")
         self.previous = os.path.join(self.backup_dir, "previous.ckpt")
         self.next = os.path.join(self.backup_dir, "next.ckpt")

@@ -323,6 +323,7 @@ class Monitor:
             raise ConfigError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
         if mode == "auto":
             mode = auto_mode(monitor) or "auto"
+        min_delta = checked_number(owner, "min_delta", min_delta)
         self.owner, self.key, self.mode, self.min_delta = owner, monitor, mode, abs(min_delta)
         self.reset()
 
@@ -389,11 +390,14 @@ class Monitor:
 
 
 def check_verbose_flag(owner: str, verbose: Any) -> int:
-    """A callback's ``verbose``: 0 or 1 (Keras' place for it, before ``mode``; a ``mode``
-    given by position where it used to be is named)."""
+    """A callback's ``verbose``: 0 or 1, or ``False`` / ``True`` as Keras takes them (Keras'
+    place for it, before ``mode``; a ``mode`` given by position where it used to be is
+    named)."""
     from ..errors import ConfigError
 
-    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+    if isinstance(verbose, bool):
+        return int(verbose)
+    if isinstance(verbose, str) or verbose not in (0, 1, 2):
         moved = " (mode moved after it, as in Keras: pass mode= by name)" if verbose in ("min", "max", "auto") else ""
         raise ConfigError(f"{owner}: verbose must be 0 or 1, got {verbose!r}{moved}")
     return int(verbose)
@@ -447,6 +451,54 @@ class MonitoredCallback(Callback):
     @best.setter
     def best(self, value: float) -> None:
         self._monitor.best = value
+
+
+def checked_int(owner: str, name: str, value: Any, minimum: int = 0) -> int:
+    """A callback's count argument (``patience``, ``cooldown``, ``start_from_epoch``) as an
+    int ``>= minimum`` (a numpy int too), else a ``ConfigError`` naming ``owner`` and
+    ``name``: a string or a float was taken and failed in a comparison epochs later."""
+    import numpy as np
+
+    from ..errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}"
+                          f"{f' ({type(value).__name__})' if isinstance(value, str) else ''}")
+    return int(value)
+
+
+def checked_number(owner: str, name: str, value: Any, *, optional: bool = False, low: float | None = None,
+                   high: float | None = None) -> float | None:
+    """A callback's real-valued argument (``min_delta``, ``factor``, ``min_lr``,
+    ``baseline``) as a finite float, inside ``(low, high)`` where given (``low`` alone:
+    ``>= low``); ``None`` passes when ``optional``. Else a ``ConfigError`` naming
+    ``owner`` and ``name`` (a string ``"0.5"`` failed in the first comparison, after an
+    epoch of training)."""
+    import numpy as np
+
+    from ..errors import ConfigError
+
+    if value is None and optional:
+        return None
+    expected = ("a number" + (" or None" if optional else "") if low is None else
+                f"a number >= {low:g}" if high is None else f"a number in ({low:g}, {high:g})")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value):
+        raise ConfigError(f"{owner}: {name} must be {expected}, got {value!r}"
+                          f"{f' ({type(value).__name__})' if isinstance(value, str) else ''}")
+    if low is not None and (value < low if high is None else not low < value < high):
+        raise ConfigError(f"{owner}: {name} must be {expected}, got {value!r}")
+    return float(value)
+
+
+def checked_flag(owner: str, name: str, value: Any) -> bool:
+    """A callback's ``True`` / ``False`` argument, else a ``ConfigError`` naming ``owner``
+    and ``name`` (the string ``"False"`` read as True)."""
+    from ..errors import ConfigError
+
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}: {name} must be True or False, got {value!r}")
+    return value
 
 
 def checked_learning_rate(value: Any, name: str) -> float:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
+import warnings
 
 from ..errors import ConfigError
-from .base import Callback, writable_folder
+from .base import Callback, checked_flag, writable_folder
 
 __all__ = ["CSVLogger"]
 
@@ -24,7 +26,10 @@ class CSVLogger(Callback):
             before training).
         separator: the field separator.
         append: append to an existing file instead of overwriting it (a resumed run
-            always keeps its earlier rows).
+            always keeps its earlier rows). When this run logs keys the file has no
+            column for (``val_*`` after a fit without validation), the file is rewritten
+            with the union of the columns, its earlier rows empty in the new ones, with a
+            warning: every row keeps its header's fields.
 
     Example::
 
@@ -36,7 +41,10 @@ class CSVLogger(Callback):
     main_process_only = True
 
     def __init__(self, filename: str, separator: str = ",", append: bool = False):
-        self.filename, self.separator, self.append = os.fspath(filename), separator, append
+        if not isinstance(separator, str) or len(separator) != 1:
+            raise ConfigError(f"CSVLogger: separator must be one character, got {separator!r}")
+        self.filename, self.separator = os.fspath(filename), separator
+        self.append = checked_flag("CSVLogger", "append", append)
         self._keys: list[str] | None = None
         # data rows the file held when this run began (append=True): a resume keeps them all,
         # whatever their epochs (an earlier fit's epochs 2-3 were dropped by a resume at epoch 3)
@@ -83,21 +91,53 @@ class CSVLogger(Callback):
         earlier = self._rows_before or 0  # an earlier run's rows (append=True), kept whatever their epochs
         rows = [row for row in rows if row]
         kept = rows[:1 + earlier] + [row for row in rows[1 + earlier:] if row[0].isdigit() and int(row[0]) < epoch]
-        if len(kept) == len(rows):
-            self._keys = rows[0][1:]
-            return
-        temporary = self.filename + ".rewrite"
-        with open(temporary, "w", newline="") as handle:
-            csv.writer(handle, delimiter=self.separator).writerows(kept)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.filename)
+        if len(kept) != len(rows):
+            self._rewrite(kept)
         self._keys = rows[0][1:]
+
+    def _rewrite(self, rows: list[list[str]]) -> None:
+        """Replace the file by ``rows`` atomically: written to a temporary file beside it,
+        fsynced, then renamed over it, so a crash leaves the old file or the new one."""
+        folder = os.path.dirname(os.path.abspath(self.filename))
+        descriptor, temporary = tempfile.mkstemp(prefix=os.path.basename(self.filename) + ".", suffix=".tmp",
+                                                 dir=folder)
+        try:
+            with os.fdopen(descriptor, "w", newline="") as handle:
+                csv.writer(handle, delimiter=self.separator).writerows(rows)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.filename)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+
+    def _columns(self, keys: list[str]) -> list[str]:
+        """The columns (after ``epoch``) this run writes: ``keys``, or with ``append=True``
+        onto a file with other columns, the file's then the new ones, after the file is
+        rewritten with them (its rows empty there). Appended as they were, rows of another
+        width came under the old header."""
+        if not os.path.exists(self.filename) or os.path.getsize(self.filename) == 0:
+            return keys
+        with open(self.filename, newline="") as handle:
+            rows = [row for row in csv.reader(handle, delimiter=self.separator) if row]
+        if not rows:
+            return keys
+        columns = rows[0][1:]
+        added = [key for key in keys if key not in columns]
+        if not added:  # this run's rows get NA in the columns it does not log, as Keras writes a missing key
+            return columns
+        width = 1 + len(columns) + len(added)
+        self._rewrite([[*rows[0], *added], *(row + [""] * (width - len(row)) for row in rows[1:])])
+        warnings.warn(f"CSVLogger: {self.filename!r} has no column for {', '.join(added)}, which this run logs; the "
+                      f"file is rewritten with them added (its {len(rows) - 1} earlier rows left empty there)",
+                      UserWarning, stacklevel=3)
+        return columns + added
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
         if self._keys is None:  # with the keys of epochs to come (val_* when validation_freq > 1), as Keras 3
-            self._keys = sorted(set(logs) | set(getattr(self.model, "fit_log_keys", None) or ()))
+            self._keys = self._columns(sorted(set(logs) | set(getattr(self.model, "fit_log_keys", None) or ())))
         exists = os.path.exists(self.filename) and os.path.getsize(self.filename) > 0
         with open(self.filename, "a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=["epoch", *self._keys], delimiter=self.separator,

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback, check_verbose_flag
+from .base import Monitor, MonitoredCallback, check_verbose_flag, checked_flag, checked_int, checked_number
 
 __all__ = ["EarlyStopping"]
 
@@ -44,10 +43,10 @@ class EarlyStopping(MonitoredCallback):
                  mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False,
                  start_from_epoch: int = 0):
         self.verbose = check_verbose_flag("EarlyStopping", verbose)  # first: a mode given where it was
-        if isinstance(start_from_epoch, bool) or not isinstance(start_from_epoch, (int, np.integer)) \
-                or start_from_epoch < 0:
-            raise ConfigError(f"EarlyStopping: start_from_epoch must be an int >= 0, got {start_from_epoch!r}")
-        self.start_from_epoch = int(start_from_epoch)
+        self.start_from_epoch = checked_int("EarlyStopping", "start_from_epoch", start_from_epoch)
+        patience = checked_int("EarlyStopping", "patience", patience)
+        baseline = checked_number("EarlyStopping", "baseline", baseline, optional=True)
+        restore_best_weights = checked_flag("EarlyStopping", "restore_best_weights", restore_best_weights)
         self._monitor = Monitor("EarlyStopping", monitor, mode, min_delta)
         self.monitor, self.mode, self.patience = monitor, self._monitor.mode, patience
         self.baseline, self.restore_best_weights = baseline, restore_best_weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ConfigError
-from .base import Callback, checked_learning_rate
+from .base import Callback, check_verbose_flag, checked_learning_rate
 
 __all__ = ["LearningRateScheduler"]
 
@@ -28,7 +28,7 @@ class LearningRateScheduler(Callback):
         if not callable(schedule):
             raise ConfigError(f"LearningRateScheduler: schedule must be a function (epoch, lr) -> lr or "
                               f"(epoch) -> lr, got {type(schedule).__name__}")
-        self.schedule, self.verbose = schedule, verbose
+        self.schedule, self.verbose = schedule, check_verbose_flag("LearningRateScheduler", verbose)
         self._takes_rate = _positional_count(schedule) != 1
 
     adds_log_keys = False

@@ -8,7 +8,7 @@ import warnings
 
 from ..checkpoint import remove_temporaries
 from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback, check_verbose_flag, writable_folder
+from .base import Monitor, MonitoredCallback, check_verbose_flag, checked_number, writable_folder
 
 __all__ = ["ModelCheckpoint"]
 
@@ -63,9 +63,8 @@ class ModelCheckpoint(MonitoredCallback):
         if save_freq != "epoch" and (not isinstance(save_freq, int) or isinstance(save_freq, bool) or save_freq < 1):
             raise ConfigError(f"ModelCheckpoint: save_freq must be 'epoch' or a positive int (batches between saves), "
                               f"got {save_freq!r}")
-        if initial_value_threshold is not None and not isinstance(initial_value_threshold, (int, float)):
-            raise ConfigError(f"ModelCheckpoint: initial_value_threshold must be a number, got "
-                              f"{initial_value_threshold!r}")
+        initial_value_threshold = checked_number("ModelCheckpoint", "initial_value_threshold", initial_value_threshold,
+                                                 optional=True)
         if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1):
             raise ConfigError(f"ModelCheckpoint: keep_last must be a positive int or None, got {keep_last!r}")
         self._monitor = Monitor("ModelCheckpoint", monitor, mode)

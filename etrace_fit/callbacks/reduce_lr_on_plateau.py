@@ -7,7 +7,7 @@ import numpy as np
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Monitor, MonitoredCallback, check_verbose_flag
+from .base import Monitor, MonitoredCallback, check_verbose_flag, checked_int, checked_number
 
 __all__ = ["ReduceLROnPlateau"]
 
@@ -33,8 +33,10 @@ class ReduceLROnPlateau(MonitoredCallback):
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, verbose: int = 0,
                  mode: str = "auto", min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0):
         self.verbose = check_verbose_flag("ReduceLROnPlateau", verbose)  # first: a mode given where it was
-        if not 0.0 < factor < 1.0:
-            raise ConfigError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
+        factor = checked_number("ReduceLROnPlateau", "factor", factor, low=0.0, high=1.0)  # Keras: factor < 1
+        patience = checked_int("ReduceLROnPlateau", "patience", patience)
+        cooldown = checked_int("ReduceLROnPlateau", "cooldown", cooldown)
+        min_lr = checked_number("ReduceLROnPlateau", "min_lr", min_lr, low=0.0)
         self._monitor = Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
         self.monitor, self.factor, self.patience, self.mode = monitor, factor, patience, self._monitor.mode
         self.cooldown, self.min_lr = cooldown, min_lr

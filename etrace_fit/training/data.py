@@ -1,13 +1,15 @@
 """Data the trainer accepts, turned into batches, with errors before any training.
 
-Accepted: numpy / jax arrays ``x`` (and ``y``) cut into batches of ``batch_size``; any
-iterable or generator of ``(x, y)`` or ``(x, y, mask)`` batches; objects with
-``__len__`` and ``__getitem__`` returning such batches. Arrays are batch-major,
-``(batch, time, ...)``. A final partial batch is kept unless ``drop_remainder``.
+Accepted: numpy / jax arrays ``x`` (and ``y``) cut into batches of ``batch_size``
+(Python lists of numbers are taken as arrays, :func:`from_lists`); any iterable or
+generator of ``(x, y)`` or ``(x, y, mask)`` batches; objects with ``__len__`` and
+``__getitem__`` returning such batches. Arrays are batch-major, ``(batch, time, ...)``.
+A final partial batch is kept unless ``drop_remainder``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -18,8 +20,8 @@ import numpy as np
 
 from ..errors import ConfigError, ShapeError
 
-__all__ = ["Arrays", "Batch", "batch_major", "batches", "check_finite", "check_shuffle", "class_table", "loss_weight", "placement",
-           "split_validation"]
+__all__ = ["Arrays", "Batch", "InputLayer", "batch_major", "batches", "check_finite", "check_shuffle", "class_table",
+           "loss_weight", "placement", "split_validation"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,99 @@ class Batch:
     @property
     def size(self) -> int:
         return int(np.shape(self.x)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class InputLayer:
+    """The layer that reads ``x`` first, for the checks of ``x``'s layout: ``name`` as
+    messages give it (``Sequential.layers[0] Linear(4, 8)``), whether it reads token ids
+    (an :class:`~etrace_fit.layers.Embedding`; None: cannot be told, a module of yours
+    holding one), and its ``in_size`` (None: unknown)."""
+
+    name: str
+    takes_ids: bool | None = None
+    in_size: tuple | None = None
+
+    def check(self, x: Any, name: str = "x", time_major: bool = False) -> None:
+        """:class:`ShapeError` for integers ``(batch, time)`` (no feature axis) when the
+        first layer reads features, not ids (Keras reads them as ids only in an
+        ``Embedding``: a ``Linear(4, 8)`` trained on them silently when the batch size
+        was 4), and for ids ``(batch, time, 1)`` given to an ``Embedding``."""
+        dtype = np.result_type(x) if hasattr(x, "dtype") else np.asarray(x).dtype
+        shape = tuple(np.shape(x))
+        if not np.issubdtype(dtype, np.integer):
+            return
+        layout = "(time, batch" if time_major else "(batch, time"
+        if len(shape) == 2 and self.takes_ids is False:
+            expects = f"{layout}, {', '.join(map(str, self.in_size))})" if self.in_size else f"{layout}, features)"
+            raise ShapeError(f"{name} of shape {shape} ({dtype}) is {layout}) without a feature axis; only an "
+                             f"Embedding first reads such integers as token ids, and the model's first layer, "
+                             f"{self.name}, expects {expects}. Add a trailing feature axis (x[..., None] for one "
+                             f"feature), or put an Embedding first for token ids")
+        if len(shape) == 3 and shape[-1] == 1 and self.takes_ids is True:
+            raise ShapeError(f"{name} of shape {shape} ({dtype}): the model's first layer, {self.name}, takes token "
+                             f"ids {layout}) as Keras' Embedding does, not {layout}, 1); drop the trailing axis: "
+                             f"x[..., 0]")
+
+
+def _holds_numbers(value: Any) -> bool:
+    """Whether ``value`` is a (nested) list or tuple whose first entry, at every depth,
+    is one too, down to a Python or numpy number (no array inside: a list of arrays is
+    a list of batches, or Keras' several inputs)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return isinstance(value, (bool, int, float, np.number))
+
+
+def listed_array(value: Any) -> np.ndarray | None:
+    """A (nested) list of numbers as an array, as Keras converts it (Python floats at
+    float32, Keras' ``floatx``); None when ``value`` is no such list or its rows differ
+    in length (no one array)."""
+    if not _holds_numbers(value):
+        return None
+    try:
+        array = np.asarray(value)
+    except ValueError:  # rows of different lengths
+        return None
+    if not np.issubdtype(array.dtype, np.number) and array.dtype != bool:
+        return None
+    return array.astype(np.float32) if array.dtype == np.float64 else array
+
+
+def from_lists(x: Any, y: Any = None, sample_weight: Any = None, mask: Any = None) -> tuple:
+    """``(x, y, sample_weight, mask)``, each (nested) list of numbers as an array (Keras
+    takes ``y.tolist()``), anything else as it is (a list of batches of arrays stays
+    one); a :class:`ShapeError` naming the argument for lists of numbers that form no
+    array (rows of different lengths)."""
+    converted = []
+    for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight), ("mask", mask)):
+        array = listed_array(value)
+        if array is None and _holds_numbers(value):
+            batches_too = ", or a list of (x, y) batches of arrays" if name == "x" else ""
+            raise ShapeError(f"{name} is a nested Python list whose rows differ in length, so it is no one array; "
+                             f"give an array (sequences of different lengths: pad them with "
+                             f"etrace_fit.datasets.pad_sequences){batches_too}")
+        converted.append(value if array is None else array)
+    return tuple(converted)
+
+
+def check_not_a_pair(x: Any, call: str) -> None:
+    """:class:`ConfigError` for ``x`` given as Keras' ``(x, y)`` or ``(x, y, sample_weight)``
+    tuple of arrays (``fit((x, y))``): two or three arrays with one number of samples,
+    the later ones with fewer axes than the first (labels, weights), which a list of
+    batches of one kind never has. Read as a list of batches, it failed on "batch 0"."""
+    if not isinstance(x, (tuple, list)) or not 2 <= len(x) <= 3 or not all(hasattr(a, "shape") for a in x):
+        return
+    first = np.shape(x[0])
+    if len(first) < 2 or any(np.shape(a)[:1] != first[:1] or np.ndim(a) >= len(first) for a in x[1:]):
+        return
+    shapes = ", ".join(str(tuple(np.shape(a))) for a in x)
+    fix = ("pass x alone: predict(x) (y is not read; a list of x batches is read batch by batch)" if call == "predict"
+           else f"pass x and y separately: {call}(x, y) (a list of (x, y) batches is read batch by batch)")
+    raise ConfigError(f"x is a {type(x).__name__} of arrays ({shapes}), which looks like (x, y"
+                      f"{', sample_weight' * (len(x) == 3)}); {fix}")
 
 
 def check_finite(x: Any, name: str = "x") -> None:
@@ -67,6 +162,17 @@ def check_weights(weights: Any, x: Any, name: str = "sample_weight") -> np.ndarr
         raise ShapeError(f"{name} must be >= 0, got {values.min():g} (first in sample {first}); a negative weight "
                          f"would train away from the targets")
     return values
+
+
+def check_step_weights(weights: Any, loss_on: str, name: str = "sample_weight") -> None:
+    """:class:`ConfigError` for per-step weights ``(N, T)`` under ``loss_on="last"``,
+    which places the loss on the last step alone: every column but the last was ignored
+    without a word (a per-step mask there is refused alike)."""
+    if loss_on == "last" and np.ndim(weights) == 2:
+        raise ConfigError(f"{name} has shape {tuple(np.shape(weights))}, a weight per sequence and step, but "
+                          f"loss_on='last' ignores all but the last step's; give one weight per sequence, (N,), "
+                          f"or use Trainer(loss_on='all') (every step) or Trainer(loss_on='mask') (the steps a mask "
+                          f"marks) to weigh each step")
 
 
 def check_mask(mask: Any, x: Any, name: str = "mask") -> None:
@@ -146,7 +252,11 @@ def _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weigh
     if total == 0:
         raise ShapeError("x is empty: no samples to train on")
     if y is not None and _length("y", y) != total:
-        raise ShapeError(f"x and y have different numbers of samples: x has {total}, y has {_length('y', y)}")
+        # arrays are batch-major here (a time-major trainer swapped them first)
+        hint = (f"; x of shape {tuple(np.shape(x))} looks time-major (time={total}, batch={np.shape(x)[1]}, ...): "
+                f"pass Trainer(time_major=True), or np.swapaxes(x, 0, 1)"
+                if np.ndim(x) >= 2 and np.shape(x)[1] == _length("y", y) else "")
+        raise ShapeError(f"x and y have different numbers of samples: x has {total}, y has {_length('y', y)}{hint}")
     if mask is not None and _length("mask", mask) != total:
         raise ShapeError(f"mask has {_length('mask', mask)} rows for {total} samples of x")
     if sample_weight is not None and _length("sample_weight", sample_weight) != total:
@@ -167,13 +277,33 @@ def _array_batches(x, y, batch_size, shuffle, seed, drop_remainder, sample_weigh
                     None if sample_weight is None else np.asarray(sample_weight)[index])
 
 
-def _as_batch(item: Any, position: int) -> Batch:
+def as_batch(item: Any, position: int, name: str | None = None) -> Batch:
+    """Item ``position`` of an iterable of batches as a :class:`Batch` (``name``: the
+    data's name in errors, ``validation_data`` say; None: the training data)."""
     if isinstance(item, Batch):
         return item
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 3:
         return Batch(*item)
-    raise ShapeError(f"batch {position} must be (x, y) or (x, y, mask), got {type(item).__name__}"
+    raise ShapeError(f"{batch_name(position, name)} must be (x, y) or (x, y, mask), got {type(item).__name__}"
                      + (f" of length {len(item)}" if isinstance(item, (tuple, list)) else ""))
+
+
+def batch_name(position: int, name: str | None = None) -> str:
+    """``"batch 3"``, or ``"validation_data batch 3"`` for data named ``validation_data``."""
+    return f"{name} batch {position}" if name else f"batch {position}"
+
+
+@contextlib.contextmanager
+def named(label: str) -> Iterator[None]:
+    """:class:`ShapeError` and :class:`ConfigError` raised in the block with ``label``
+    in front (``validation_data batch 0: ...``): a check that names ``x`` or ``y`` then
+    says whose."""
+    try:
+        yield
+    except (ShapeError, ConfigError) as error:
+        if str(error).startswith(label):
+            raise
+        raise type(error)(f"{label}: {error}") from None
 
 
 def batches(
@@ -186,6 +316,7 @@ def batches(
     drop_remainder: bool = False,
     sample_weight: Any = None,
     mask: Any = None,
+    name: str | None = None,
 ) -> Iterator[Batch]:
     """Batches of ``x`` (and ``y``), whatever form the data comes in (module docstring).
 
@@ -223,12 +354,13 @@ def batches(
         items = iter(x)
     count = 0
     for count, item in enumerate(items, start=1):
-        batch = _as_batch(item, count - 1)
+        batch = as_batch(item, count - 1, name)
         if batch.y is not None and _length("y", batch.y) != batch.size:
-            raise ShapeError(f"batch {count - 1}: x has {batch.size} samples, y has {_length('y', batch.y)}")
+            raise ShapeError(f"{batch_name(count - 1, name)}: x has {batch.size} samples, y has "
+                             f"{_length('y', batch.y)}")
         yield batch
     if count == 0:
-        raise NoBatches("the data iterable yielded no batches")
+        raise NoBatches(f"{name or 'the data'} iterable yielded no batches")
 
 
 class NoBatches(ShapeError):

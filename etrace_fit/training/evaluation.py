@@ -20,8 +20,9 @@ import numpy as np
 from .. import _compat
 from ..callbacks import CallbackList
 from ..errors import ConfigError, ShapeError
-from .data import (Arrays, Batch, batch_major, batches, check_count, check_finite, check_mask, check_weights,
-                   loss_weight, placement, targets_key)
+from .data import (Arrays, Batch, batch_major, batch_name, batches, check_count, check_finite, check_mask,
+                   check_not_a_pair, check_step_weights, check_weights, from_lists, listed_array, loss_weight, named,
+                   placement, targets_key)
 from .losses import check_batch_targets, check_target_shape, loss_name, needs_targets
 from .logs import check_verbose, keras_result
 
@@ -166,11 +167,18 @@ class Evaluation:
         ``y`` the loss needs (not for ``predict``)."""
         if data is None:
             return None
+        if isinstance(data, (tuple, list)) and len(data) in (2, 3) and not hasattr(data[0], "shape"):
+            # (x, y) of Python lists of numbers, as Keras converts them (not a list of batches: those form no array)
+            listed = [None if part is None else listed_array(part) for part in data]
+            if listed[0] is not None and all(a is not None or p is None for a, p in zip(listed, data)) and \
+                    len({len(a) for a in listed if a is not None}) == 1:
+                data = tuple(listed)
         alone = hasattr(data, "shape")
         if alone:
             data = (data, y)
         if isinstance(data, (tuple, list)) and len(data) in (2, 3) and hasattr(data[0], "shape"):
             x, y, mask = (*data, None)[:3]
+            self._input_layer.check(x, "x" if name == "x" or name.endswith("_batch") else f"{name} x", self.time_major)
             if y is None and targets and needs_targets(self.loss_fn):
                 given = "x alone" if alone else "y None"
                 fix = ("(x_val, y_val)" if name == "validation_data" else f"{name}(x, y)" if name.endswith("_batch")
@@ -187,16 +195,17 @@ class Evaluation:
                               f"{type(data).__name__} of {len(data)} arrays")
         return _checked_iterable(data, name)
 
-    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
+    def _evaluate(self, data: Any, batch_size: int, hooks: CallbackList | None = None, name: str | None = None,
                   steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
         """Mean loss and metrics over ``data`` (:class:`Arrays` or an iterable of batches),
         from reset states (a stateful trainer carries them from batch to batch, as its
         training does); a stateful trainer's training streams are left where they were.
-        ``where``: the targets' name in errors; ``steps``: at most this many batches (a
+        ``name``: the data's name in errors (``validation_data``; None: ``x`` and ``y``, an
+        iterable's ``batch 3``); ``steps``: at most this many batches (a
         warning if the data gives fewer); ``sample_weight``: per sequence or per sequence
         and step (arrays only, batch-major), weighing the loss as in ``fit``."""
         with self._keeping_streams():
-            return self._evaluate_from_reset(data, batch_size, hooks, where, steps, sample_weight)
+            return self._evaluate_from_reset(data, batch_size, hooks, name, steps, sample_weight)
 
     @contextlib.contextmanager
     def _keeping_streams(self):
@@ -213,15 +222,17 @@ class Evaluation:
             for path, state in self._model.states(brainstate.HiddenState).items():
                 state.value = saved[path]
 
-    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None, where: str = "y",
-                             steps: int | None = None, sample_weight: Any = None) -> dict[str, float]:
+    def _evaluate_from_reset(self, data: Any, batch_size: int, hooks: CallbackList | None = None,
+                             name: str | None = None, steps: int | None = None,
+                             sample_weight: Any = None) -> dict[str, float]:
         hooks = hooks if hooks is not None else CallbackList()
-        if isinstance(data, Arrays):
+        arrays = isinstance(data, Arrays)
+        if arrays:
             weights = data.sample_weight if sample_weight is None else sample_weight
             source, time_major = batches(data.x, data.y, batch_size=batch_size, shuffle=False, mask=data.mask,
                                          sample_weight=weights), False
         else:
-            source, time_major = batches(data, batch_size=batch_size, shuffle=False), self.time_major
+            source, time_major = batches(data, batch_size=batch_size, shuffle=False, name=name), self.time_major
         if self._eval_compiling is not None:  # fit's compilation ahead: its result is JAX's to reuse
             self._eval_compiling.join()
             self._eval_compiling = None
@@ -232,43 +243,15 @@ class Evaluation:
         hooks.on_test_begin({})
         for step, batch in enumerate(source):
             hooks.on_test_batch_begin(step, {})
-            xs, ys, weight = self._time_major(batch, time_major)
-            self._ensure_states(xs.shape[1])
-            if step == 0 and (self._num_classes is None or self._sample_output is None):
-                shape = np.shape(self._outputs(xs[:1]))
-                self._num_classes = self._num_classes or int(shape[-1])
-                self._sample_output = tuple(shape[2:])
-            if step == 0:
-                check_batch_targets(self.loss_fn, batch.y)
-            if step == 0 and self._sample_output is not None:
-                check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=where)
-            if step == 0 and self.metric_fns and batch.y is not None and (
-                    targets_key(ys), tuple(map(id, self.metric_fns.values()))) not in getattr(
-                    self, "_metrics_checked", ()):  # fit checked them on its training targets
-                self._check_metrics(self._output_shape(xs[:1]), ys)
-            if step == 0 and isinstance(data, Arrays):  # every sample, before the first batch runs
-                check_finite(data.x, "x")
-                self._check_targets(data.y, where)
-            elif not isinstance(data, Arrays):
-                check_finite(np.asarray(xs), f"x of batch {step}")
-                self._check_targets(ys, f"y of batch {step}")
-            # A stateful trainer's evaluation carries its own streams from batch to batch, as its
-            # training does (from reset states, its training streams kept): each batch started
-            # afresh, so a held-out stream's chunks, and val_loss, measured something else than loss.
-            carry = self.stateful and step > 0 and xs.shape[1] == carried
-            if not carry:
-                self._states_at(xs.shape[1])
-            carried = xs.shape[1]
-            if batch.sample_weight is None:
-                result = self._eval_program()(*self._on_mesh(xs, ys, weight), carry)
-            else:
-                weighted = loss_weight(batch, ys, weight, None, time_major)
-                placed = self._on_mesh(xs, ys, weighted, weight)
-                result = self._eval_program()(*placed[:3], carry, placed[3])
+            # an iterable's batch named in every error about it (validation_data batch 3: ...)
+            label = None if arrays or not name else batch_name(step, name)
+            with named(label) if label else contextlib.nullcontext():
+                result, size = self._evaluate_batch(data, step, batch, time_major, name, carried)
+            carried = size
             logs = {key: float(value) for key, value in result.items()}
             for key, value in logs.items():
-                totals[key] = totals.get(key, 0.0) + value * xs.shape[1]
-            count += xs.shape[1]
+                totals[key] = totals.get(key, 0.0) + value * size
+            count += size
             ran = step + 1
             hooks.on_test_batch_end(step, {key: totals[key] / count for key in logs})  # Keras: running means
         if steps is not None and ran < steps:
@@ -277,6 +260,49 @@ class Evaluation:
         result = {key: value / count for key, value in totals.items()}
         hooks.on_test_end(result)
         return result
+
+    def _evaluate_batch(self, data: Any, step: int, batch: Batch, time_major: bool, name: str | None,
+                        carried: int) -> tuple[dict, int]:
+        """Batch ``step`` of :meth:`_evaluate_from_reset`'s ``data``, checked (the first
+        batch and every batch of an iterable) and run: its loss and metrics (device
+        values) and its size. ``carried``: the size of the batch before (a stateful
+        trainer carries its states on to one of the same size)."""
+        arrays = isinstance(data, Arrays)
+        if arrays:
+            x_name, y_name = (f"{name} x", f"{name} y") if name else ("x", "y")
+        else:  # the batch is named around these (validation_data batch 3: x ...)
+            x_name, y_name = ("x", "y") if name else (f"x of batch {step}", f"y of batch {step}")
+        xs, ys, weight = self._time_major(batch, time_major)
+        self._ensure_states(xs.shape[1])
+        if step == 0 and (self._num_classes is None or self._sample_output is None):
+            shape = np.shape(self._outputs(xs[:1]))
+            self._num_classes = self._num_classes or int(shape[-1])
+            self._sample_output = tuple(shape[2:])
+        if step == 0:
+            check_batch_targets(self.loss_fn, batch.y)
+        if step == 0 and self._sample_output is not None:
+            check_target_shape(self.loss_fn, self._sample_output, tuple(np.shape(ys)[2:]), where=y_name)
+        if step == 0 and self.metric_fns and batch.y is not None and (
+                targets_key(ys), tuple(map(id, self.metric_fns.values()))) not in getattr(
+                self, "_metrics_checked", ()):  # fit checked them on its training targets
+            self._check_metrics(self._output_shape(xs[:1]), ys)
+        if step == 0 and arrays:  # every sample, before the first batch runs
+            check_finite(data.x, x_name)
+            self._check_targets(data.y, y_name)
+        elif not arrays:
+            check_finite(np.asarray(xs), x_name)
+            self._check_targets(ys, y_name)
+        # A stateful trainer's evaluation carries its own streams from batch to batch, as its
+        # training does (from reset states, its training streams kept): each batch started
+        # afresh, so a held-out stream's chunks, and val_loss, measured something else than loss.
+        carry = self.stateful and step > 0 and xs.shape[1] == carried
+        if not carry:
+            self._states_at(xs.shape[1])
+        if batch.sample_weight is None:
+            return self._eval_program()(*self._on_mesh(xs, ys, weight), carry), xs.shape[1]
+        weighted = loss_weight(batch, ys, weight, None, time_major)
+        placed = self._on_mesh(xs, ys, weighted, weight)
+        return self._eval_program()(*placed[:3], carry, placed[3]), xs.shape[1]
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False,
                       mask: Any = None) -> Any:
@@ -309,6 +335,7 @@ class Evaluation:
         is Keras' 32."""
         check_verbose(verbose)
         _check_moved("evaluate", sample_weight=sample_weight, steps=steps)
+        x, y, sample_weight, mask = from_lists(x, y, sample_weight, mask)
         batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
         if steps is not None:
@@ -323,6 +350,7 @@ class Evaluation:
                 _, _, sample_weight = batch_major(x, None, sample_weight)
             else:
                 sample_weight = check_weights(sample_weight, x)
+            check_step_weights(sample_weight, self.loss_on)
         if mask is not None:
             data = self._as_data((x, y, mask), "x")
             check_mask(data.mask, data.x)
@@ -362,6 +390,8 @@ class Evaluation:
             raise ConfigError(f"predict: last_only must be True or False, got {last_only!r}")
         check_verbose(verbose)
         _check_moved("predict", steps=steps)
+        x, _, _, mask = from_lists(x, mask=mask)
+        check_not_a_pair(x, "predict")
         batch_size = 32 if batch_size is None else batch_size
         check_count(batch_size, "batch_size")
         if steps is not None:
@@ -389,6 +419,7 @@ class Evaluation:
             hooks.on_predict_batch_begin(step, {})
             if not hasattr(x, "shape"):  # an array was checked whole
                 check_finite(np.asarray(batch.x), f"x of batch {step}")
+            self._input_layer.check(batch.x, "x", time_major)
             xs, _, _ = placement(Batch(batch.x), "last", time_major)  # no loss here: any placement reads x alike
             length = xs.shape[0] if length is None else length
             if not last_only and xs.shape[0] != length:

@@ -54,11 +54,14 @@ class History:
 
 
 def check_verbose(verbose: Any) -> int:
-    """Keras' ``verbose``: ``"auto"`` (= 1), 0, 1 or 2; anything else is a ConfigError."""
+    """Keras' ``verbose``: ``"auto"`` (= 1), 0, 1 or 2, or ``False`` / ``True`` (0 / 1, as
+    Keras takes them); anything else is a ConfigError."""
     if verbose == "auto":
         return 1
-    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
-        raise ConfigError(f"verbose must be 'auto', 0 (silent), 1 (progress bar) or 2 (one line per epoch), "
+    if isinstance(verbose, bool):
+        return int(verbose)
+    if isinstance(verbose, str) or verbose not in (0, 1, 2):
+        raise ConfigError(f"verbose must be 'auto', 0 (silent), 1 (progress bar), 2 (one line per epoch) or a bool, "
                           f"got {verbose!r}")
     return int(verbose)
 

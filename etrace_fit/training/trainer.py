@@ -42,8 +42,9 @@ from ..callbacks.progress_bar import epoch_line
 from ..compiler import format_path
 from ..distributed import Placement, ProcessLocal, batch_axes, is_main_process, resolve_mesh
 from ..errors import ConfigError, ShapeError
-from .data import (Arrays, Batch, NoBatches, batch_major, batches, check_count, check_finite, check_mask, check_shuffle,
-                   check_weights, class_table, loss_weight, placement, read_once, split_validation, targets_key)
+from .data import (Arrays, Batch, InputLayer, NoBatches, as_batch, batch_major, batch_name, batches, check_count,
+                   check_finite, check_mask, check_not_a_pair, check_shuffle, check_step_weights, check_weights,
+                   class_table, from_lists, loss_weight, named, placement, read_once, split_validation, targets_key)
 from .logs import History, check_verbose, keras_result, validation_schedule
 from .memory import check_trace_memory, device_memory
 from .state import (ModelSync, Reset, TrainState, _other_positions, check_hidden_states_reset, eager_reset,
@@ -135,6 +136,27 @@ def _class_label(value: Any) -> int | None:
     """An integer class label as an int (for dashboards), anything else as None."""
     value = np.asarray(value)
     return int(value) if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) else None
+
+
+def input_layer(model: Any) -> InputLayer:
+    """The layer of ``model`` that reads ``x`` first: a :class:`~etrace_fit.Sequential`'s
+    first layer (through nested ones), else the model itself. It takes token ids if it
+    is an ``Embedding``, and not if it is another etrace_fit layer or has an ``in_size``;
+    a module of yours without one may read ids its own way: that cannot be told."""
+    from ..layers import Embedding, Sequential
+    from ..layers.base import describe
+
+    path, layer = type(model).__name__, model
+    while isinstance(layer, Sequential) and len(layer):
+        path, layer = f"{path}.layers[0]", layer.layers[0]
+    name = f"{path} {describe(layer)}" if layer is not model else describe(layer)
+    if isinstance(layer, Embedding):
+        return InputLayer(name, True)
+    in_size = getattr(layer, "in_size", None)
+    in_size = tuple(in_size) if isinstance(in_size, (tuple, list)) and in_size else None
+    if in_size is None and not type(layer).__module__.startswith("etrace_fit."):
+        return InputLayer(name)
+    return InputLayer(name, False, in_size)
 
 
 def _shape_key(tree: Any) -> tuple:
@@ -343,6 +365,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._norms_warned = False
         self._recorder = None
         self._setting_nodes = layer_nodes(model)  # the layers, walked once: their settings are read per batch
+        self._input_layer = input_layer(model)  # whether integer x (batch, time) are token ids
         self._settings = attribute_snapshot(model, self._setting_nodes)
         self._rates_at_start = None  # see _initial_rates
 
@@ -455,6 +478,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """:func:`~etrace_fit.training.data.placement` with this trainer's ``loss_on``
         and layout."""
         time_major = self.time_major if time_major is None else time_major
+        self._input_layer.check(batch.x, "x", time_major)
         return placement(batch, self.loss_on, time_major, per_sequence=self._targets_per_sequence(batch, time_major),
                          wdtype=self._loss_weight_dtype())
 
@@ -576,6 +600,19 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             raise ConfigError(f"class_weight names class {len(weights_by_class) - 1}, but the model has "
                               f"{self._num_classes} outputs (classes 0..{self._num_classes - 1})")
 
+    def _check_listed_batches(self, data: Sequence, name: str) -> None:
+        """Every batch of a list (or tuple) of batches named ``name`` (``validation_data``),
+        before training, checked as a training batch is (its form, NaN / inf, its layout,
+        the model's input size, the targets' shape and labels), each error naming the
+        batch: found at the first validation, they came after an epoch had trained."""
+        for position, item in enumerate(data):
+            label = batch_name(position, name)
+            with named(label):
+                batch = as_batch(item, position, name)
+                check_finite(np.asarray(batch.x), "x")
+                xs, ys, _ = self._time_major(batch)
+                self._check_batch(xs, ys, batch.y, None)
+
     def _check_targets(self, y, where: str) -> None:
         """NaN / inf in float targets, and integer labels outside the model's classes."""
         if y is None:
@@ -673,13 +710,18 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 raise ConfigError("ProcessLocal batches are shares of a global batch across processes: give the "
                                   "Trainer a mesh (mesh='auto' after etrace_fit.distributed.initialize)")
             x = x.batches
+        x, y, sample_weight, mask = from_lists(x, y, sample_weight, mask)  # Keras' lists of numbers, as arrays
         is_array = hasattr(x, "shape")
+        if y is None:  # with y, a tuple of arrays is Keras' several inputs, named as such in batches()
+            check_not_a_pair(x, "fit")
         if (sample_weight is not None or class_weight is not None or mask is not None) and not is_array:
             raise ConfigError("sample_weight, class_weight and mask apply to array data (x, y); an iterable "
                               "gives (x, y, mask) batches")
         if mask is not None and self.loss_on != "mask":
             raise ConfigError(f"mask was given but loss_on={self.loss_on!r} ignores it; use "
                               f"Trainer(loss_on='mask') to average the loss over the marked steps")
+        if is_array:
+            self._input_layer.check(x, "x", self.time_major)
         if is_array and self.time_major:  # batches are cut along the batch axis: read it batch-major
             x, y, sample_weight = batch_major(x, y, sample_weight)
             mask = None if mask is None else np.swapaxes(np.asarray(mask), 0, 1)
@@ -688,6 +730,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 raise ConfigError("validation_split needs array data; pass validation_data for iterables")
             if sample_weight is not None:  # checked whole: Keras' (N, 1) column is one weight per sequence
                 sample_weight = check_weights(sample_weight, x)
+                check_step_weights(sample_weight, self.loss_on)
             (x, y), held_out = split_validation(x, y, validation_split)
             # as Keras, the held-out samples keep their weights: val_loss is weighted as loss is
             validation = Arrays(*held_out, None if mask is None else np.asarray(mask)[len(x):],
@@ -707,6 +750,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             check_finite(x)
             if sample_weight is not None:
                 sample_weight = check_weights(sample_weight, x)
+                check_step_weights(sample_weight, self.loss_on)
             if mask is not None:
                 check_mask(mask, x)
             if y is not None:
@@ -722,12 +766,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             raise ConfigError(f"validation_data is an iterator (a generator, say): it is read once, but this fit "
                               f"validates {validations} times; pass a list of batches or arrays (x_val, y_val), "
                               f"or give validation_steps to read an endless iterator in pieces")
+        validation_name = "validation_split" if validation_split else "validation_data"  # in errors
         if isinstance(validation, Arrays):
-            check_finite(validation.x, "validation x")
+            check_finite(validation.x, f"{validation_name} x")
             if validation.mask is not None:
-                check_mask(validation.mask, validation.x, "validation mask")
+                check_mask(validation.mask, validation.x, f"{validation_name} mask")
             if validation.y is not None:
-                check_finite(validation.y, "validation y")
+                check_finite(validation.y, f"{validation_name} y")
             if len(validation.x):
                 self.sample_inputs = np.asarray(validation.x[:8])
                 self.sample_input = self.sample_inputs[0]
@@ -767,7 +812,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                               None if is_array else _listed_batch_sizes(x, self.time_major))
             if not is_main_process():  # one process prints
                 verbose = 0
-        if verbose == 1 and not any(isinstance(c, ProgressBar) for c in callbacks):
+        # as Keras: no progress logger of fit's own when the callbacks hold one (verbose=2's lines came twice)
+        shown = any(isinstance(c, ProgressBar) for c in callbacks)
+        if verbose == 1 and not shown:
             callbacks.append(ProgressBar(total=steps))
         self.epochs = epochs
         fit_params = {"verbose": verbose, "epochs": epochs, "steps": steps}
@@ -786,9 +833,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._last_epoch_logs = {}
         self.last_train_batch, self._fitting = None, True
         try:
-            self._fit_epochs(x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
-                             steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
-                             (validation_steps, validation_batch_size))
+            self._fit_epochs(x, y, batch_size, epochs, 0 if shown else verbose, hooks, validation, validates, shuffle,
+                             initial_epoch, steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array,
+                             mask, (validation_steps, validation_batch_size, validation_name))
         finally:
             self._fitting = False
             self._push()  # the model holds every finished batch's update, also after an error
@@ -833,7 +880,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
     def _fit_epochs(self, x, y, batch_size, epochs, verbose, hooks, validation, validates, shuffle, initial_epoch,
                     steps_per_epoch, drop_remainder, sample_weight, weights_by_class, is_array, mask,
                     validation_reading) -> None:
-        validation_steps, validation_batch_size = validation_reading
+        validation_steps, validation_batch_size, validation_name = validation_reading
         if validation is not None and not isinstance(validation, Arrays) and read_once(validation):
             validation = iter(validation)  # read on across validations (validation_steps)
         per_pass = _batches_per_pass(len(x), batch_size, drop_remainder) if is_array else None
@@ -887,10 +934,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                                 Batch(np.asarray(validation.x[:1]), y_val[:1]), False)  # as the batches read it
                             check_target_shape(self.loss_fn, self._sample_output,
                                                tuple(y_val.shape[2:] if per_step else y_val.shape[1:]),
-                                               where="validation y")
-                        self._check_targets(validation.y, "validation y")
+                                               where=f"{validation_name} y")
+                        self._check_targets(validation.y, f"{validation_name} y")
                         if len(validation.x) and any(map(validates, range(epoch, epochs))):
                             self._compile_evaluation_ahead(validation, validation_batch_size)
+                    elif isinstance(validation, (list, tuple)):  # batches in memory: checked as training's are
+                        self._check_listed_batches(validation, validation_name)
                 elif not is_array:  # an iterable's batches are checked as they come, before their step
                     self._check_targets(ys, f"y of batch {step}")
                     if self.sample_input is None:
@@ -916,7 +965,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                 epoch_logs["learning_rate"] = self.learning_rate
             if validation is not None and validates(epoch):
                 try:
-                    validated = self._evaluate(validation, validation_batch_size, hooks, "validation y",
+                    validated = self._evaluate(validation, validation_batch_size, hooks, validation_name,
                                                steps=validation_steps)
                 except NoBatches:  # an iterator read on across validations ran out: the epoch is kept
                     if isinstance(validation, Arrays) or not read_once(validation):
@@ -1211,6 +1260,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """One batch of arrays as ``(xs, ys, loss weight, placement weight)``, time-major;
         ``mask`` the steps ``loss_on="mask"`` places the loss on (as ``x``: batch-major,
         or time-major with ``time_major=True``)."""
+        x, y, sample_weight, mask = from_lists(x, y, sample_weight, mask)
         data = self._as_data((x, y) if mask is None else (x, y, mask), name)
         if not isinstance(data, Arrays):
             raise ConfigError(f"{name} takes arrays x (and y, and mask=)")
@@ -1222,6 +1272,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         check_finite(data.x)
         if sample_weight is not None:
             sample_weight = check_weights(sample_weight, data.x)
+            check_step_weights(sample_weight, self.loss_on, f"{name}: sample_weight")
         batch = Batch(data.x, data.y, data.mask, None if sample_weight is None else np.asarray(sample_weight))
         if batch.sample_weight is not None and self.time_major and np.ndim(batch.sample_weight) == 2:
             batch = dataclasses.replace(batch, sample_weight=np.swapaxes(batch.sample_weight, 0, 1))

@@ -2,6 +2,7 @@
 
 import csv
 import math
+import re
 
 import brainstate
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 
 import etrace_fit as ef
 from etrace_fit import layers as L
-from etrace_fit.callbacks import Callback, CallbackList, CSVLogger, EarlyStopping, LambdaCallback, TerminateOnNaN
+from etrace_fit.callbacks import (BackupAndRestore, Callback, CallbackList, CSVLogger, EarlyStopping, LambdaCallback,
+                                  LearningRateScheduler, ModelCheckpoint, ReduceLROnPlateau, TerminateOnNaN)
 from etrace_fit.datasets import rate_discrimination
 from etrace_fit.errors import ConfigError
 
@@ -346,7 +348,7 @@ def test_verbose_two_prints_one_keras_line_per_epoch_and_bad_verbose_fails_first
     assert "Epoch" not in captured.err
     trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert "Epoch" not in capsys.readouterr().err
-    for bad in (3, "yes", True, None):
+    for bad in (3, "yes", "1", None):  # True and False are Keras' 1 and 0
         with pytest.raises(ConfigError, match=r"verbose must be 'auto', 0 .*, got"):
             trainer.fit(x, y, epochs=1, verbose=bad)
 
@@ -395,3 +397,84 @@ def test_a_one_argument_schedule_and_early_stoppings_warm_up():
         EarlyStopping(start_from_epoch=-1)
     with pytest.raises(ConfigError, match="schedule must be a function"):
         LearningRateScheduler(0.01)
+
+
+def test_verbose_two_with_a_progress_bar_in_the_callbacks_prints_each_epoch_once(capsys):
+    """As Keras, fit adds no progress logger of its own when the callbacks hold one: each
+    epoch's line came twice, once from fit (verbose=2) and once from the ProgressBar."""
+    from etrace_fit.callbacks import ProgressBar
+
+    x, y = _data(8)
+    _trainer().fit(x, y, batch_size=8, epochs=2, verbose=2, callbacks=[ProgressBar()])
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.startswith("Epoch ")]
+    assert [line.split(" - ")[0] for line in lines] == ["Epoch 1/2", "Epoch 2/2"]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: EarlyStopping("loss", patience="2"), r"EarlyStopping: patience must be an int >= 0, got '2' \(str\)"),
+    (lambda: EarlyStopping("loss", patience=1.5), r"EarlyStopping: patience must be an int >= 0, got 1.5"),
+    (lambda: EarlyStopping("loss", patience=True), r"EarlyStopping: patience must be an int >= 0, got True"),
+    (lambda: EarlyStopping("loss", patience=-1), r"EarlyStopping: patience must be an int >= 0, got -1"),
+    (lambda: EarlyStopping("loss", min_delta="0.1"), r"EarlyStopping: min_delta must be a number, got '0.1' \(str\)"),
+    (lambda: EarlyStopping("loss", baseline="0.5"),
+     r"EarlyStopping: baseline must be a number or None, got '0.5' \(str\)"),
+    (lambda: EarlyStopping("loss", start_from_epoch="1"), r"EarlyStopping: start_from_epoch must be an int >= 0"),
+    (lambda: EarlyStopping("loss", restore_best_weights="False"),
+     r"EarlyStopping: restore_best_weights must be True or False, got 'False'"),
+    (lambda: ReduceLROnPlateau("loss", patience="1"), r"ReduceLROnPlateau: patience must be an int >= 0, got '1'"),
+    (lambda: ReduceLROnPlateau("loss", cooldown="x"), r"ReduceLROnPlateau: cooldown must be an int >= 0, got 'x'"),
+    (lambda: ReduceLROnPlateau("loss", min_lr="0.0"), r"ReduceLROnPlateau: min_lr must be a number >= 0, got '0.0'"),
+    (lambda: ReduceLROnPlateau("loss", min_lr=-1e-3), r"ReduceLROnPlateau: min_lr must be a number >= 0, got -0.001"),
+    (lambda: ReduceLROnPlateau("loss", factor=1.0), r"ReduceLROnPlateau: factor must be a number in \(0, 1\), got 1.0"),
+    (lambda: ReduceLROnPlateau("loss", factor="0.5"), r"ReduceLROnPlateau: factor must be a number in \(0, 1\)"),
+    (lambda: ReduceLROnPlateau("loss", min_delta=None), r"ReduceLROnPlateau: min_delta must be a number, got None"),
+    (lambda: ModelCheckpoint("a.ckpt", "loss", initial_value_threshold="0.3"),
+     r"ModelCheckpoint: initial_value_threshold must be a number or None, got '0.3'"),
+    (lambda: CSVLogger("log.csv", append="yes"), r"CSVLogger: append must be True or False, got 'yes'"),
+    (lambda: CSVLogger("log.csv", separator=";;"), r"CSVLogger: separator must be one character, got ';;'"),
+    (lambda: LearningRateScheduler(lambda epoch: 0.1, verbose="1"),
+     r"LearningRateScheduler: verbose must be 0 or 1, got '1'"),
+    (lambda: BackupAndRestore("backup", delete_on_finish="no"),
+     r"BackupAndRestore: delete_on_finish must be True or False, got 'no'"),
+], ids=["es-patience-str", "es-patience-float", "es-patience-bool", "es-patience-negative", "es-min_delta",
+        "es-baseline", "es-start_from_epoch", "es-restore", "rlrop-patience", "rlrop-cooldown", "rlrop-min_lr",
+        "rlrop-min_lr-negative", "rlrop-factor-1", "rlrop-factor-str", "rlrop-min_delta", "checkpoint-threshold",
+        "csv-append", "csv-separator", "scheduler-verbose", "backup-delete"])
+def test_callback_arguments_of_the_wrong_type_fail_in_the_constructor_naming_them(make, match):
+    """Each was taken and failed with Python's TypeError ("'>' not supported between
+    instances of 'int' and 'str'") epochs into training, at the first comparison."""
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_callback_numbers_of_numpy_types_are_taken():
+    stop = EarlyStopping("loss", min_delta=np.float32(0.1), patience=np.int64(2), baseline=np.float64(0.5))
+    assert (stop.patience, stop.baseline) == (2, 0.5) and isinstance(stop.patience, int)
+    plateau = ReduceLROnPlateau("loss", factor=np.float32(0.5), patience=np.int32(1), min_lr=0)
+    assert (plateau.factor, plateau.patience, plateau.min_lr) == (0.5, 1, 0.0)
+
+
+def test_csv_logger_appending_other_keys_rewrites_the_file_with_every_column(tmp_path):
+    """Appended under the first fit's header, the second fit's rows (with val_* keys) had
+    more fields than the header: a malformed file."""
+    x, y = _data(16)
+    path = tmp_path / "log.csv"
+    trainer = _trainer()
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[CSVLogger(path)])
+    with pytest.warns(UserWarning, match=rf"CSVLogger: {re.escape(repr(str(path)))} has no column for val_accuracy, "
+                                         r"val_loss, which this run logs; the file is rewritten with them added \(its "
+                                         r"1 earlier rows left empty there\)"):
+        trainer.fit(x, y, batch_size=8, epochs=3, initial_epoch=1, verbose=0, validation_data=(x, y),
+                    callbacks=[CSVLogger(path, append=True)])
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"]
+    assert [len(row) for row in rows] == [5] * 4  # every row as wide as the header, no row lost
+    assert [row[0] for row in rows[1:]] == ["0", "1", "2"]
+    assert rows[1][3:] == ["", ""] and all(float(value) > 0 for row in rows[2:] for value in row[3:])
+    assert not [p for p in tmp_path.iterdir() if p.name != "log.csv"]  # no temporary file left
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[CSVLogger(path, append=True)])  # fewer keys
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[-1][3:] == ["NA", "NA"] and [len(row) for row in rows] == [5] * 5  # Keras' NA, under the header

@@ -49,7 +49,7 @@ def test_labels_of_validation_data_and_of_evaluate_are_checked():
     x, y = _data()
     bad = y.copy()
     bad[3] = -1
-    with pytest.raises(ShapeError, match=r"validation y: labels must lie in \[0, 2\).*from -1"):
+    with pytest.raises(ShapeError, match=r"validation_data y: labels must lie in \[0, 2\).*from -1"):
         _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, validation_data=(x, bad))
     assert _fit_counting.began == 0
     with pytest.raises(ShapeError, match=r"y: labels must lie in \[0, 2\)"):
@@ -188,7 +188,8 @@ def test_sequences_without_time_steps_are_a_shape_error():
     (lambda x, y: (x[:0], y[:0]), ShapeError, r"validation_data: no samples \(x has shape \(0, "),
     (lambda x, y: {"x": x, "y": y}, ConfigError,
      r"validation_data must be arrays .*; got a dict with keys \['x', 'y'\]"),
-    (lambda x, y: (x.tolist(), y.tolist()), ConfigError, r"got a tuple of Python lists: convert them to arrays"),
+    (lambda x, y: [(x[:8].tolist(), y[:8].tolist()), (x[8:].tolist(), y[8:].tolist())], ConfigError,
+     r"got a list of Python lists: convert them to arrays"),  # batches of lists: no (x, y) to convert
     (lambda x, y: "val.npz", ConfigError, r"; got str 'val.npz'"),
     (lambda x, y: 5, ConfigError, r"; got int 5"),
     (lambda x, y: [], ConfigError, r"; got an empty list"),
@@ -305,7 +306,7 @@ def test_targets_that_do_not_fit_the_loss_fail_before_training_with_the_fix(loss
         _fit_counting(ef.Trainer(_model(), loss=loss, metrics=[]), x, targets, batch_size=8)
     assert _fit_counting.began == 0
     good = np.eye(2, dtype=np.float32)[y] if loss != "sparse_categorical_crossentropy" else y
-    with pytest.raises(ShapeError, match="validation " + match):  # right for training, wrong for validation
+    with pytest.raises(ShapeError, match="validation_data " + match):  # right for training, wrong for validation
         _fit_counting(ef.Trainer(_model(), loss=loss, metrics=[]), x, good, batch_size=8,
                       validation_data=(x, targets))
     assert _fit_counting.began == 0
@@ -337,14 +338,14 @@ def test_a_mask_marks_steps_and_is_checked_before_training_wherever_it_comes():
     with pytest.raises(ShapeError, match="mask " + weighting):
         _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp)
     assert _fit_counting.began == 0
-    with pytest.raises(ShapeError, match="validation mask " + weighting):
+    with pytest.raises(ShapeError, match="validation_data mask " + weighting):
         _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp > 0,
                       validation_data=(x, y, ramp))
     assert _fit_counting.began == 0
     with pytest.raises(ShapeError, match="mask " + weighting):
         ef.Trainer(_model(), loss_on="mask").evaluate(x, y, mask=ramp, verbose=0)
-    keras = r"validation mask must have shape \(16, 12\) \(batch, time\) for x of shape \(16, 12, 4\), got \(16,\) " \
-            r"\(Keras' third element of validation_data, sample weights, is not taken"
+    keras = r"validation_data mask must have shape \(16, 12\) \(batch, time\) for x of shape \(16, 12, 4\), got " \
+            r"\(16,\) \(Keras' third element of validation_data, sample weights, is not taken"
     with pytest.raises(ShapeError, match=keras):  # found before training, not at the first epoch's end
         _fit_counting(ef.Trainer(_model(), loss_on="mask"), x, y, batch_size=8, mask=ramp > 0,
                       validation_data=(x, y, np.ones(len(x), np.float32)))
@@ -591,3 +592,151 @@ def test_a_mask_padded_in_front_warns_and_one_warm_up_for_all_does_not():
         check_mask(front[:, ::-1], x)  # padded at the end
         check_mask(np.repeat(front[:1], 3, axis=0), x)  # the same warm-up for every sequence
         check_mask(front | np.array([1, 0, 0, 0, 0, 0], bool), x)  # a loss on chosen steps
+
+
+# ------------------------------------------------------------------ integers without a feature axis
+@pytest.mark.parametrize("call", ["fit", "validation_data", "batches", "evaluate", "predict", "train_on_batch",
+                                  "test_on_batch", "predict_on_batch"])
+def test_integer_x_without_a_feature_axis_is_no_token_ids_for_a_model_without_an_embedding(call):
+    """An integer x (batch, time) was read as Embedding ids whatever the first layer was:
+    with batch_size equal to Linear(4, 8)'s input size (4), each step's (4,) row went in
+    as features and fit trained on it silently."""
+    x, y = _data()
+    ids = (x[..., 0] > 0).astype(np.int32)  # (16, 12): one channel's spikes, its feature axis squeezed away
+    trainer = ef.Trainer(_model())
+    calls = {
+        "fit": lambda: _fit_counting(trainer, ids, y, batch_size=4),
+        "validation_data": lambda: _fit_counting(trainer, x, y, batch_size=4, validation_data=(ids, y)),
+        "batches": lambda: _fit_counting(trainer, [(ids[:4], y[:4])]),
+        "evaluate": lambda: trainer.evaluate(ids, y, batch_size=4, verbose=0),
+        "predict": lambda: trainer.predict(ids, batch_size=4, verbose=0),
+        "train_on_batch": lambda: trainer.train_on_batch(ids[:4], y[:4]),
+        "test_on_batch": lambda: trainer.test_on_batch(ids[:4], y[:4]),
+        "predict_on_batch": lambda: trainer.predict_on_batch(ids[:4]),
+    }
+    name = "validation_data x" if call == "validation_data" else "x"
+    with pytest.raises(ShapeError, match=rf"{name} of shape \((16|4), 12\) \(int32\) is \(batch, time\) without a "
+                                         r"feature axis; .*the model's first layer, Sequential.layers\[0\] Linear\(4, "
+                                         r"8\), expects \(batch, time, 4\)\. Add a trailing feature axis \(x\[\.\.\., "
+                                         r"None\] for one feature\), or put an Embedding first for token ids"):
+        calls[call]()
+    if call in ("fit", "validation_data", "batches"):
+        assert _fit_counting.began == 0
+    assert _fit_counting(trainer, np.repeat(ids[..., None], C, axis=-1), y, batch_size=4) == 4  # with features
+
+
+def test_a_first_layer_of_yours_may_still_read_integer_x_its_own_way():
+    """Whether a module of yours takes ids cannot be told: its (batch, time) integers go
+    in as before."""
+
+    class OneHot(brainstate.nn.Module):
+        def update(self, ids):
+            return jax.nn.one_hot(ids, C)
+
+    x, y = _data()
+    ids = np.random.default_rng(0).integers(0, C, (len(x), T)).astype(np.int32)
+    model = ef.Sequential(OneHot(), *_model().layers)
+    assert _fit_counting(ef.Trainer(model), ids, y, batch_size=8) == 2
+
+
+def test_token_ids_with_a_trailing_axis_of_one_name_the_fix():
+    """Embedding ids (batch, time, 1) raised JAX's "Cannot concatenate arrays with
+    different numbers of dimensions" from inside the model."""
+    x, y = _data()
+    ids = np.random.default_rng(0).integers(0, 10, (len(x), T)).astype(np.int32)
+    trainer = ef.Trainer(ef.Sequential(ef.layers.Embedding(10, 4), ef.layers.GRUCell(4, 8), ef.layers.Linear(8, 2)))
+    with pytest.raises(ShapeError, match=r"x of shape \(16, 12, 1\) \(int32\): the model's first layer, "
+                                         r"Sequential.layers\[0\] Embedding\(10, 4\), takes token ids \(batch, time\) "
+                                         r"as Keras' Embedding does, not \(batch, time, 1\); drop the trailing axis: "
+                                         r"x\[\.\.\., 0\]"):
+        _fit_counting(trainer, ids[..., None], y, batch_size=4)
+    assert _fit_counting.began == 0
+    with pytest.raises(ShapeError, match=r"drop the trailing axis"):
+        trainer.predict(ids[..., None], verbose=0)
+    assert _fit_counting(trainer, ids, y, batch_size=4) == 4  # (batch, time) ids train
+
+
+# ------------------------------------------------------------------ validation batches in memory
+@pytest.mark.parametrize("make, error, match", [
+    (lambda xv, yv: [(xv, yv), (xv, yv + 7)], ShapeError,
+     r"validation_data batch 1: y: labels must lie in \[0, 2\) for a model with 2 outputs, got values from 7 to 8"),
+    (lambda xv, yv: [(np.full_like(xv, np.nan), yv)], ShapeError,
+     r"validation_data batch 0: x contains NaN or inf \(first in sample 0\)"),
+    (lambda xv, yv: [(xv[:, :, :3], yv)], ShapeError,
+     r"validation_data batch 0: Sequential.layers\[0\] Linear\(4, 8\): expected input with 4 features on the last "
+     r"axis, got x.shape=\(4, 3\)"),
+    (lambda xv, yv: [(xv, yv.astype(np.float32))], ShapeError,
+     r"validation_data batch 0: y: cross_entropy needs integer class labels, got dtype float32"),
+    (lambda xv, yv: ((xv, yv), xv), ShapeError, r"validation_data batch 1 must be \(x, y\) or \(x, y, mask\), got "
+                                                r"ndarray"),
+    (lambda xv, yv: [(xv, yv[:3])], ShapeError,
+     r"validation_data batch 0: x of shape \(4, 12, 4\) is read as \(batch, time, ...\): 4 sequences of 12 steps, "
+     r"but y has shape \(3,\)"),
+], ids=["labels", "nan", "features", "float-labels", "not-a-batch", "lengths"])
+def test_a_list_of_validation_batches_is_checked_before_training_and_named(make, error, match):
+    """A list (or tuple) of validation batches is in memory: it was checked only at the
+    first validation, after an epoch had trained, and its errors read "x of batch 0" as
+    if they were the training data's."""
+    x, y = _data()
+    xv, yv = _data(4, seed=1)
+    with pytest.raises(error, match=match):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=4, epochs=2, validation_data=make(xv, yv))
+    assert _fit_counting.began == 0
+
+
+def test_a_validation_generator_is_checked_as_it_is_read_and_its_errors_name_validation_data():
+    x, y = _data()
+    xv, yv = _data(8, seed=1)
+    bad = ((a, b) for a, b in [(xv[:4], yv[:4]), (xv[4:], yv[4:] + 7)])
+    with pytest.raises(ShapeError, match=r"validation_data batch 1: y: labels must lie in \[0, 2\)"):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=4, validation_data=bad)
+    assert _fit_counting.began == 4  # a generator is read when validation runs, after the epoch
+    with pytest.raises(ShapeError, match=r"validation_data batch 0: x contains NaN"):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=4, validation_data=iter([(xv * np.nan, yv)]))
+    with pytest.raises(ShapeError, match=r"^y of batch 0: labels must lie"):  # evaluate's own data: as it was
+        ef.Trainer(_model()).evaluate(iter([(xv, yv + 7)]), verbose=0)
+
+
+# ------------------------------------------------------------------ per-step weights, x and y in one tuple
+def test_a_per_step_sample_weight_under_loss_on_last_is_refused_with_the_fixes():
+    """Under loss_on="last" every column of an (N, T) sample_weight but the last was
+    ignored without a word (a per-step mask there is refused alike)."""
+    x, y = _data()
+    weights = np.ones((len(x), T), np.float32)
+    weights[:, -1] = 0.0
+    fixes = (r"sample_weight has shape \(16, 12\), a weight per sequence and step, but loss_on='last' ignores all "
+             r"but the last step's; give one weight per sequence, \(N,\), or use "
+             r"Trainer\(loss_on='all'\) \(every step\) or Trainer\(loss_on='mask'\)")
+    with pytest.raises(ConfigError, match=fixes):
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, sample_weight=weights)
+    assert _fit_counting.began == 0
+    with pytest.raises(ConfigError, match=fixes):
+        ef.Trainer(_model()).evaluate(x, y, sample_weight=weights, verbose=0)
+    with pytest.raises(ConfigError, match=r"train_on_batch: sample_weight has shape \(8, 12\)"):
+        ef.Trainer(_model()).train_on_batch(x[:8], y[:8], sample_weight=weights[:8])
+    with pytest.raises(ConfigError, match=fixes):  # named whole, before the split
+        _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, sample_weight=weights, validation_split=0.25)
+    assert _fit_counting(ef.Trainer(_model(), loss_on="all"), x, y, batch_size=8, sample_weight=weights) == 2
+    assert _fit_counting(ef.Trainer(_model()), x, y, batch_size=8, sample_weight=weights[:, :1]) == 2  # Keras' (N, 1)
+
+
+@pytest.mark.parametrize("call, fix", [
+    ("fit", r"pass x and y separately: fit\(x, y\) \(a list of \(x, y\) batches is read batch by batch\)"),
+    ("predict", r"pass x alone: predict\(x\) \(y is not read; a list of x batches is read batch by batch\)"),
+])
+def test_x_and_y_in_one_tuple_are_named_with_the_fix(call, fix):
+    """fit((x, y)) and predict((x, y)) read the tuple as a list of two batches: "batch 0
+    must be (x, y)", or "x must be (batch, time, features) ... got shape (16,)"."""
+    x, y = _data()
+    trainer = ef.Trainer(_model())
+    run = (lambda data: _fit_counting(trainer, data)) if call == "fit" else (lambda data: trainer.predict(data,
+                                                                                                         verbose=0))
+    with pytest.raises(ConfigError, match=r"x is a tuple of arrays \(\(16, 12, 4\), \(16,\)\), which looks like "
+                                          r"\(x, y\); " + fix):
+        run((x, y))
+    with pytest.raises(ConfigError, match=r"x is a list of arrays .*which looks like \(x, y, sample_weight\)"):
+        run([x, y, np.ones(len(x), np.float32)])
+    if call == "predict":  # a list of x batches is still taken
+        assert trainer.predict([x[:8], x[8:]], verbose=0).shape == (16, 2)
+    else:
+        assert _fit_counting(trainer, [(x[:8], y[:8]), (x[8:], y[8:])]) == 2

@@ -161,8 +161,10 @@ def test_sample_weight_scales_the_loss_and_gradient_but_not_the_metrics():
     _assert_trees_close(frozen, _weights(ef.Trainer(_model())), atol=0)
     assert logs["loss"][0] == 0.0
     per_step = np.zeros((8, T))
-    per_step[:, -1] = 2.0  # (N, T): only the last step counts with loss_on="last"
-    _assert_trees_close(_one_sgd_step(sample_weight=per_step)[0], faster, rtol=1e-5, atol=1e-7)
+    per_step[:, -1] = 2.0  # (N, T): loss_on="last" would read the last step's alone, so it is refused
+    with pytest.raises(ConfigError, match=r"sample_weight has shape \(8, 12\), a weight per sequence and step, but "
+                                          r"loss_on='last' ignores all but the last step's"):
+        _one_sgd_step(sample_weight=per_step)
     with pytest.raises(ShapeError, match=r"sample_weight has 3 entries for 8 samples"):
         _one_sgd_step(sample_weight=np.ones(3))
 
@@ -473,3 +475,56 @@ def test_a_keras_sequence_is_shuffled_per_epoch_and_told_each_epoch_end():
     default.fit(listed, epochs=1, verbose=0)
     unshuffled.fit(listed, epochs=1, verbose=0, shuffle=False)
     _assert_trees_close(_weights(default), _weights(unshuffled), rtol=0, atol=0)  # a list keeps its order
+
+
+def test_python_lists_of_numbers_are_taken_as_arrays_as_keras_does():
+    """y.tolist() raised "only integer scalar arrays can be converted to a scalar index"
+    from inside the batching; a list of (x, y) batches stays one."""
+    x, y = _data(16)
+    xv, yv = _data(8, seed=1)
+    arrays = ef.Trainer(_model(), optimizer="sgd", algo="bptt")
+    arrays.fit(x, y, batch_size=8, shuffle=False, verbose=0, sample_weight=np.full(16, 0.5, np.float32),
+               validation_data=(xv, yv))
+    lists = ef.Trainer(_model(), optimizer="sgd", algo="bptt")
+    history = lists.fit(x.tolist(), y.tolist(), batch_size=8, shuffle=False, verbose=0, sample_weight=[0.5] * 16,
+                        validation_data=(xv.tolist(), yv.tolist()))
+    _assert_trees_close(_weights(arrays), _weights(lists), rtol=1e-6, atol=1e-8)
+    assert history.history["val_loss"] == arrays.history.history["val_loss"]
+    assert lists.evaluate(xv.tolist(), yv.tolist(), verbose=0) == arrays.evaluate(xv, yv, verbose=0)
+    np.testing.assert_array_equal(lists.predict(xv.tolist(), verbose=0), arrays.predict(xv, verbose=0))
+    assert lists.train_on_batch(xv.tolist(), yv.tolist()) == arrays.train_on_batch(xv, yv)
+    assert len(lists.fit([(x[:8], y[:8]), (x[8:], y[8:])], verbose=0).epoch) == 1  # a list of batches
+    with pytest.raises(ShapeError, match=r"x is a nested Python list whose rows differ in length, so it is no one "
+                                         r"array; give an array \(sequences of different lengths: pad them with "
+                                         r"etrace_fit.datasets.pad_sequences\), or a list of \(x, y\) batches"):
+        lists.fit([x[0].tolist(), x[1, :5].tolist()], [0, 1], verbose=0)
+
+
+@pytest.mark.parametrize("flag, level", [(True, 1), (False, 0)])
+def test_verbose_takes_a_bool_as_keras_does(flag, level, capsys):
+    """verbose=True / False were refused ("verbose must be 'auto', 0, 1 or 2"); Keras reads them as 1 / 0."""
+    from etrace_fit.callbacks import EarlyStopping, LearningRateScheduler, ReduceLROnPlateau
+
+    x, y = _data(8)
+    trainer = ef.Trainer(_model())
+    history = trainer.fit(x, y, batch_size=8, epochs=1, verbose=flag)
+    assert history.params["verbose"] == level
+    assert ("Epoch 1/1" in capsys.readouterr().err) is flag
+    trainer.evaluate(x, y, verbose=flag)
+    trainer.predict(x, verbose=flag)
+    assert EarlyStopping("loss", verbose=flag).verbose == level
+    assert ReduceLROnPlateau("loss", verbose=flag).verbose == level
+    assert LearningRateScheduler(lambda epoch: 1e-3, verbose=flag).verbose == level
+
+
+def test_time_major_data_given_to_a_batch_major_trainer_gets_the_hint():
+    """It said only "x has 12, y has 16" (the other direction named time_major)."""
+    x, y = _data(16)
+    with pytest.raises(ShapeError, match=r"x and y have different numbers of samples: x has 12, y has 16; x of shape "
+                                         r"\(12, 16, 4\) looks time-major \(time=12, batch=16, ...\): pass "
+                                         r"Trainer\(time_major=True\), or np.swapaxes\(x, 0, 1\)"):
+        ef.Trainer(_model()).fit(np.swapaxes(x, 0, 1), y, batch_size=8, verbose=0)
+    with pytest.raises(ShapeError, match=r"x has 12, y has 16; .*looks time-major"):
+        ef.Trainer(_model()).evaluate(np.swapaxes(x, 0, 1), y, verbose=0)
+    with pytest.raises(ShapeError, match=r"x and y have different numbers of samples: x has 16, y has 8$"):
+        ef.Trainer(_model()).fit(x, y[:8], batch_size=8, verbose=0)  # no layout that fits: no hint

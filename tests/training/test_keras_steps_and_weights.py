@@ -68,9 +68,10 @@ def test_evaluate_weighs_the_loss_by_sample_weight_and_leaves_the_metrics_unweig
     assert plain["loss"] == pytest.approx(each.mean(), rel=1e-5)
     assert weighted["loss"] == pytest.approx(float(np.sum(weights * each)) / 8, rel=1e-5)
     assert weighted["acc"] == pytest.approx(plain["acc"])  # a sample weighed 0 still counts, as in fit
+    every_step = _trainer(loss_on="all")  # per-step weights need a loss on every step (refused under "last")
     per_step = np.repeat(weights[:, None], T, axis=1)  # (N, T): the same weights at every step
-    assert trainer.evaluate(x, y, batch_size=8, verbose=0, sample_weight=per_step)["loss"] == pytest.approx(
-        weighted["loss"], rel=1e-6)
+    assert every_step.evaluate(x, y, batch_size=8, verbose=0, sample_weight=per_step)["loss"] == pytest.approx(
+        every_step.evaluate(x, y, batch_size=8, verbose=0, sample_weight=weights)["loss"], rel=1e-6)
     assert trainer.evaluate(x, y, 8, 0, weights, return_dict=False)[0] == pytest.approx(weighted["loss"])
 
 

@@ -119,7 +119,8 @@ def test_model_checkpoint_initial_value_threshold_and_its_arguments(tmp_path):
             (dict(save_weights_only="min"), r"save_weights_only must be True or False, got 'min' \(mode comes after"),
             (dict(save_freq=0), r"save_freq must be 'epoch' or a positive int \(batches between saves\), got 0"),
             (dict(save_freq="batch"), r"save_freq must be 'epoch' or a positive int"),
-            (dict(initial_value_threshold="low"), r"initial_value_threshold must be a number, got 'low'")):
+            (dict(initial_value_threshold="low"),
+             r"ModelCheckpoint: initial_value_threshold must be a number or None, got 'low' \(str\)")):
         with pytest.raises(ConfigError, match=message):
             ModelCheckpoint("ckpt", **kwargs)
     with pytest.raises(ConfigError, match=r"save_weights_only must be True or False, got 'max' \(mode comes after"):
