@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import pathlib
 import struct
+from typing import Iterator
 
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from .events import bin_samples, check_binning, fingerprint, load_binned, with_mask
+from .events import bin_samples, check_binning, check_on_sensor, fingerprint, load_binned, with_mask
 
 __all__ = ["load_dvs_gesture", "read_aedat31"]
 
@@ -47,6 +48,37 @@ def _body_start(data: bytes, path) -> int:
                     f"got {data[end:end + 8]!r} after it")
 
 
+def _packets(data: bytes, path) -> Iterator[tuple[int, int, int, int, int]]:
+    """``(byte offset, eventType, eventSize, eventTSOverflow, eventNumber)`` of each
+    packet after the header, its header fields checked against what the format allows."""
+    offset = _body_start(data, path)
+    while offset < len(data):  # one iteration per packet (thousands), the events in bulk
+        if offset + PACKET_HEADER.size > len(data):
+            raise DataError(f"{path}: truncated packet header at byte {offset}: {len(data) - offset} bytes left, "
+                            f"expected {PACKET_HEADER.size}")
+        kind, _, size, ts_offset, overflow, _, number, valid = PACKET_HEADER.unpack_from(data, offset)
+        impossible = [(name, value, expected) for name, value, expected, bad in (
+            ("eventType", kind, "a type >= 0", kind < 0),
+            ("eventSize", size, "a positive byte count", size <= 0),
+            ("eventTSOverflow", overflow, "a count >= 0", overflow < 0),
+            ("eventNumber", number, "a count >= 0", number < 0),
+            ("eventValid", valid, f"a count in 0..eventNumber = {number}", not 0 <= valid <= max(number, 0)),
+            ("eventSize", size, "8 for polarity events (eventType 1)", kind == POLARITY_EVENT and size != 8),
+            ("eventTSOffset", ts_offset, "4 for polarity events (eventType 1)",
+             kind == POLARITY_EVENT and ts_offset != 4),
+        ) if bad]
+        if impossible:
+            name, value, expected = impossible[0]
+            raise DataError(f"{path}: the packet header at byte {offset} has {name} = {value}, expected {expected}: "
+                            f"the packet header is corrupt, or the bytes before it are not whole packets")
+        body = offset + PACKET_HEADER.size
+        if body + size * number > len(data):
+            raise DataError(f"{path}: truncated packet at byte {offset}: its header announces {number} events of "
+                            f"{size} bytes, only {len(data) - body} bytes follow")
+        yield offset, kind, size, overflow, number
+        offset = body + size * number
+
+
 def read_aedat31(path: str | os.PathLike) -> np.ndarray:
     """The valid polarity events of an AEDAT 3.1 file: ``(E,)`` structured array with
     fields ``x``, ``y`` (pixels), ``p`` (polarity 0 / 1) and ``t`` (µs, 64-bit).
@@ -57,30 +89,22 @@ def read_aedat31(path: str | os.PathLike) -> np.ndarray:
     events. Polarity packets (eventType 1, 8-byte events) hold uint32 data (bit 0
     valid, bit 1 polarity, bits 2-16 y, bits 17-31 x) and a uint32 timestamp whose
     full value is ``eventTSOverflow << 31 | timestamp``. Other packets are skipped, and
-    events whose valid bit is 0 dropped.
+    events whose valid bit is 0 dropped. A file without valid polarity events gives
+    none here; :func:`load_dvs_gesture` refuses it when its labels name gestures.
 
     Raises:
-        DataError: no AEDAT 3.1 header, or a packet cut short (the message names the
-            file and the byte offset).
+        DataError: no AEDAT 3.1 header; a packet cut short; a packet header field the
+            format does not allow (a negative eventNumber, eventValid over
+            eventNumber, a polarity packet whose events are not 8 bytes, ...). The
+            message names the file, the field and its value, and the byte offset.
     """
     data = pathlib.Path(path).read_bytes()
-    offset = _body_start(data, path)
     words, overflows = [], []
-    while offset < len(data):  # one iteration per packet (thousands), the events in bulk
-        if offset + PACKET_HEADER.size > len(data):
-            raise DataError(f"{path}: truncated packet header at byte {offset}: {len(data) - offset} bytes left, "
-                            f"expected {PACKET_HEADER.size}")
-        kind, _, size, _, overflow, _, number, _ = PACKET_HEADER.unpack_from(data, offset)
-        body = offset + PACKET_HEADER.size
-        if size < 0 or number < 0 or body + size * number > len(data):
-            raise DataError(f"{path}: truncated packet at byte {offset}: its header announces {number} events of "
-                            f"{size} bytes, only {len(data) - body} bytes follow")
+    for offset, kind, _, overflow, number in _packets(data, path):
         if kind == POLARITY_EVENT:
-            if size != 8:
-                raise DataError(f"{path}: polarity packet at byte {offset} has {size}-byte events, expected 8")
+            body = offset + PACKET_HEADER.size
             words.append(np.frombuffer(data, "<u4", count=2 * number, offset=body).reshape(number, 2))
             overflows.append(np.full(number, overflow, np.int64))
-        offset = body + size * number
     packed = np.concatenate(words) if words else np.zeros((0, 2), "<u4")
     overflow = np.concatenate(overflows) if overflows else np.zeros(0, np.int64)
     valid = (packed[:, 0] & 1).astype(bool)
@@ -89,6 +113,16 @@ def read_aedat31(path: str | os.PathLike) -> np.ndarray:
     events["x"], events["y"], events["p"] = word >> 17, (word >> 2) & 0x7FFF, (word >> 1) & 1
     events["t"] = (overflow << 31) | (stamp & 0x7FFFFFFF)
     return events
+
+
+def _contents(path: pathlib.Path) -> str:
+    """What a file without valid polarity events holds, for the error saying so."""
+    packets = list(_packets(path.read_bytes(), path))
+    polarity = sum(number for _, kind, _, _, number in packets if kind == POLARITY_EVENT)
+    if not packets:
+        return "the header only, no packets"
+    return (f"{len(packets)} packet(s) holding {polarity} polarity event(s)"
+            + (", none of them valid (valid bit 0)" if polarity else ""))
 
 
 def read_labels(path: pathlib.Path) -> np.ndarray:
@@ -138,26 +172,35 @@ def _trials(root: pathlib.Path, split: str) -> list[pathlib.Path]:
 
 def _gestures(recordings: list[pathlib.Path], downsample: int, labels: list[int]):
     """``(times s, units)`` of every gesture, in the order of the recordings and their
-    label rows; appends each gesture's class - 1 to ``labels``."""
+    label rows; appends each gesture's class - 1 to ``labels``. A recording without
+    events, a labels row outside the recording's events and one whose window holds no
+    event are errors, never an empty sample."""
     side = -(-SENSOR // downsample)
     for recording in recordings:
         events = read_aedat31(recording)
-        if events.size and (events["x"].max() >= SENSOR or events["y"].max() >= SENSOR):
-            raise DataError(f"{recording}: an event at x={int(events['x'].max())}, y={int(events['y'].max())} is "
-                            f"outside the {SENSOR} x {SENSOR} sensor")
+        check_on_sensor(events, SENSOR, SENSOR, recording, "DVS128")
         units = (events["p"].astype(np.int64) * side + events["y"] // downsample) * side + events["x"] // downsample
         labels_file = recording.with_name(recording.stem + "_labels.csv")
         rows = read_labels(labels_file)
-        if events.size:
-            first, last = int(events["t"].min()), int(events["t"].max())
-            outside = (rows[:, 2] <= first) | (rows[:, 1] > last)
-            if outside.any():
-                row = int(np.argmax(outside))
-                raise DataError(f"{labels_file}: row {row + 1} {rows[row].tolist()} lies outside the recording, whose "
-                                f"events span t = {first}..{last} µs: expected the labels of {recording.name}, "
-                                f"in µs on the recording's clock (class,startTime_usec,endTime_usec)")
-        for label, start, end in rows:
+        if not events.size:
+            raise DataError(f"{recording}: no valid polarity events ({_contents(recording)}), but {labels_file.name} "
+                            f"names {len(rows)} gesture(s) in it, at t = {int(rows[:, 1].min())}.."
+                            f"{int(rows[:, 2].max())} µs (row 1: {rows[0].tolist()}): the recording is empty or cut "
+                            f"short; unpack it again from {URL}")
+        first, last = int(events["t"].min()), int(events["t"].max())
+        outside = (rows[:, 2] <= first) | (rows[:, 1] > last)
+        if outside.any():
+            row = int(np.argmax(outside))
+            raise DataError(f"{labels_file}: row {row + 1} {rows[row].tolist()} lies outside the recording, whose "
+                            f"events span t = {first}..{last} µs: expected the labels of {recording.name}, "
+                            f"in µs on the recording's clock (class,startTime_usec,endTime_usec)")
+        for row, (label, start, end) in enumerate(rows):
             inside = (events["t"] >= start) & (events["t"] < end)
+            if not inside.any():
+                raise DataError(f"{labels_file}: row {row + 1} {rows[row].tolist()} holds no event of "
+                                f"{recording.name} (none in t = {start}..{end} µs, the recording's {events.size} "
+                                f"events span t = {first}..{last} µs): a gesture is never empty; is the row "
+                                f"another recording's?")
             labels.append(int(label) - 1)
             yield (events["t"][inside] - start) * 1e-6, units[inside]
 
@@ -191,7 +234,9 @@ def load_dvs_gesture(
     Raises:
         FileNotFoundError: a missing list, recording or labels file (the message
             names it, the layout and the URL). DataError: a bad header, a truncated
-            packet, a bad labels row.
+            packet or an impossible packet header field, an event off the sensor, a
+            bad labels row; a recording with no valid events, or a labels row with no
+            event in its window (the message names the file and the row's times).
     """
     check_binning(dt, num_bins, max_time, "load_dvs_gesture")
     if isinstance(downsample, bool) or not isinstance(downsample, int) or downsample < 1:

@@ -24,7 +24,9 @@ from ..errors import ConfigError, DataError
 
 __all__ = ["bin_events", "bin_samples", "cached", "pad_sequences"]
 
-CACHE_FORMAT = 2  # bump when the cached arrays change meaning: older files are then rebuilt
+# Bump when the cached arrays change meaning, or a file the readers used to accept is now refused: older cache
+# files are then rebuilt (3: N-MNIST overflow markers add 2**13 µs; empty event files and gestures are errors).
+CACHE_FORMAT = 3
 _EDGE_DECIMALS = 9  # t / width is rounded to this many decimals, so t = k * dt lands in bin k
 #: The most entries (bins × units) one sample may bin to: 1e9 (4 GB as float32). More is
 #: a sign of times in the wrong unit (µs read as s), refused as such instead of a
@@ -44,6 +46,20 @@ def check_binning(dt: float | None, num_bins: int | None, duration: float | None
     if duration is not None and not (isinstance(duration, numbers.Real) and np.isfinite(duration) and duration > 0):
         raise ConfigError(f"{caller}: duration / max_time must be a positive number of seconds or None, "
                           f"got {duration!r}")
+
+
+def check_on_sensor(events: np.ndarray, width: int, height: int, source: Any, sensor: str) -> None:
+    """Raise :class:`DataError` naming ``source`` and the first event of ``events`` (a
+    structured array with fields ``x``, ``y``, ``t`` in µs) whose pixel lies outside the
+    ``width x height`` sensor: its index in ``events``, its x, y and t, and how many
+    such events there are."""
+    off = (events["x"] >= width) | (events["y"] >= height)
+    if off.any():
+        first = int(np.argmax(off))
+        event = events[first]
+        raise DataError(f"{source}: event {first} (x={int(event['x'])}, y={int(event['y'])}, t={int(event['t'])} µs) "
+                        f"is outside the {width} x {height} {sensor} sensor (x < {width}, y < {height}); "
+                        f"{int(off.sum())} of {events.size} events are off it")
 
 
 def _bin_index(times: np.ndarray, width: float, stored: np.dtype) -> np.ndarray:

@@ -292,6 +292,25 @@ def default_root() -> pathlib.Path:
     return folder / "etrace_fit" / "mnist1d"
 
 
+def _check_split_not_empty(split: str, args: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` when ``train_split`` leaves ``split`` without samples:
+    upstream splits ``N = 10 * (num_samples // 10)`` samples at ``int(N * train_split)``."""
+    total = 10 * (args["num_samples"] // 10)
+    train = int(total * args["train_split"])
+    if (train if split == "train" else total - train) > 0:
+        return
+    if split == "train":
+        lowest = 1 / total
+        while int(total * lowest) < 1:  # 1 / N itself can round below one sample (N = 850)
+            lowest = float(np.nextafter(lowest, 1.0))
+        valid = f"train_split in [{lowest!r}, 1]"
+    else:
+        valid = "train_split in [0, 1)"
+    raise ConfigError(f"load_mnist1d: train_split={args['train_split']!r} with num_samples={args['num_samples']} "
+                      f"leaves the {split!r} split empty (int({total} * {args['train_split']!r}) = {train} of {total} "
+                      f"samples train, {total - train} test); for a non-empty {split!r} split give {valid}")
+
+
 def _arrays(args: dict[str, Any]) -> dict[str, np.ndarray]:
     data = make_mnist1d(**args)
     return {name: data[name] for name in ("x", "y", "x_test", "y_test", "t")}
@@ -323,7 +342,9 @@ def load_mnist1d(
         int32 ``(N,)`` labels 0..9: :func:`make_mnist1d`'s arrays of that split.
 
     Raises:
-        ConfigError: a ``split`` other than ``"train"`` / ``"test"``, or a bad argument.
+        ConfigError: a ``split`` other than ``"train"`` / ``"test"``, a bad argument,
+            or a ``train_split`` that leaves the split asked for empty (``0`` for
+            ``"train"``, ``1`` for ``"test"``; the message gives the valid range).
 
     Example::
 
@@ -335,6 +356,7 @@ def load_mnist1d(
     if not isinstance(cache, (bool, np.bool_)):
         raise ConfigError(f"load_mnist1d: cache must be True or False (the folder is root=...), got {cache!r}")
     args = mnist1d_args(**args)
+    _check_split_not_empty(split, args)
     if cache:
         key = {"dataset": "mnist1d", "generator": UPSTREAM, **args}
         folder = pathlib.Path(root) if root is not None else default_root()

@@ -89,6 +89,7 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
             raise DataError(f"{path}: the file holds no samples")
 
         latest = [0.0, -1]  # the latest spike time read and its sample
+        spike_free: list[int] = []  # the samples without spikes
 
         def samples():
             for i in range(len(labels)):
@@ -105,6 +106,8 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
                                     f"expected finite times >= 0 in seconds")
                 if sample_times.size and float(sample_times.max()) > latest[0]:
                     latest[:] = float(sample_times.max()), i
+                if not sample_times.size:
+                    spike_free.append(i)
                 yield sample_times, sample_units
 
         y = np.asarray(labels[:])
@@ -115,6 +118,15 @@ def _read(path: pathlib.Path, dt, num_bins, max_time, classes: int) -> dict[str,
                             f"({classes} classes)")
         x, lengths = bin_samples(samples(), NUM_UNITS, dt=dt, num_bins=num_bins, max_time=max_time, count=len(labels),
                                 source=str(path))
+        if spike_free:
+            # The layout allows a sample without spikes (a clip too quiet for the cochlea model), so a few are kept as
+            # all-zero inputs; a file of nothing else is broken.
+            which = ", ".join(map(str, spike_free[:5])) + (", ..." if len(spike_free) > 5 else "")
+            message = (f"{path}: {len(spike_free)} of {len(labels)} samples have no spikes (at index {which}), so "
+                       f"their inputs are all zeros")
+            if len(spike_free) == len(labels):
+                raise DataError(f"{message}: the file holds no spike at all; expected {LAYOUT}")
+            warnings.warn(f"{message}, kept with their labels", RuntimeWarning, stacklevel=6)  # load_shd's caller
         if max_time is None and latest[0] > 10 * LONGEST_RECORDING:
             warnings.warn(f"{path}: sample {latest[1]} has a spike at t = {latest[0]:g}, but recordings last about "
                           f"{LONGEST_RECORDING} s, so each sample is binned to {x.shape[1]} steps: are the times in "
@@ -167,8 +179,12 @@ def load_shd(
 
     Raises:
         FileNotFoundError: the file is missing (the message names the path, the
-            layout and the URL). DataError: the file is not the published layout.
-        ImportError: h5py is not installed.
+            layout and the URL). DataError: the file is not the published layout, or
+            no sample has a spike. ImportError: h5py is not installed.
+
+    A sample without spikes is allowed by the layout and kept, all zeros with its
+    label (its mask, with ``variable_length``, is one step); a warning names how
+    many and which.
     """
     return _load("shd", root, split, dt, num_bins, max_time, variable_length, cache, download)
 

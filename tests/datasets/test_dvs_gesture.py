@@ -190,3 +190,74 @@ def test_bad_arguments_are_config_errors(gesture_root):
         load_dvs_gesture(root, dt=0.1, downsample=0)
     with pytest.raises(ConfigError, match="split must be 'train' or 'test'"):
         load_dvs_gesture(root, "valid", dt=0.1)
+
+
+def single_recording(root, aedat, rows=((5, 500_000, 900_000),)):
+    """``root`` with one listed recording ``user01_lab.aedat`` and its labels."""
+    (root / "user01_lab.aedat").write_bytes(aedat)
+    lines = ["class,startTime_usec,endTime_usec"] + [f"{c},{s},{e}" for c, s, e in rows]
+    (root / "user01_lab_labels.csv").write_text("\n".join(lines) + "\n")
+    (root / "trials_to_train.txt").write_text("user01_lab.aedat\n")
+    return root
+
+
+@pytest.mark.parametrize("body, found", [
+    (b"", r"the header only, no packets"),
+    (packet(1, []), r"1 packet\(s\) holding 0 polarity event\(s\)"),
+    (packet(1, [(5, 9, 1, 600_000, 0), (6, 9, 0, 700_000, 0)]) + packet(0, [(0, 0, 0, 0, 1)]),
+     r"2 packet\(s\) holding 2 polarity event\(s\), none of them valid \(valid bit 0\)"),
+], ids=["header-only", "empty-packet", "no-valid-event"])
+def test_a_recording_without_valid_events_is_an_error_naming_it_and_its_gestures(tmp_path, body, found):
+    """It loaded as all-zero gestures with their labels: the check that a labels row lies
+    inside the recording's events was skipped when there were no events."""
+    root = single_recording(tmp_path, HEADER + body, rows=[(5, 500_000, 900_000), (2, 1_000_000, 1_300_000)])
+    assert read_aedat31(root / "user01_lab.aedat").size == 0  # the reader returns what is there
+    with pytest.raises(DataError, match=rf"user01_lab\.aedat: no valid polarity events \({found}\), but "
+                                        r"user01_lab_labels\.csv names 2 gesture\(s\) in it, at t = "
+                                        r"500000\.\.1300000 µs \(row 1: \[5, 500000, 900000\]\): the recording is "
+                                        r"empty or cut short"):
+        load_dvs_gesture(root, "train", dt=0.1, max_time=0.5, cache=False)
+
+
+def test_a_labels_row_whose_window_holds_no_event_is_an_error_not_an_empty_sample(tmp_path):
+    events = [(5, 9, 1, 600_000, 1), (7, 11, 0, 899_999, 1), (64, 0, 1, 3_000_000, 1)]
+    root = single_recording(tmp_path, HEADER + packet(1, events),
+                            rows=[(5, 500_000, 900_000), (4, 1_000_000, 1_400_000)])  # the second: inside, but empty
+    with pytest.raises(DataError, match=r"user01_lab_labels\.csv: row 2 \[4, 1000000, 1400000\] holds no event of "
+                                        r"user01_lab\.aedat \(none in t = 1000000\.\.1400000 µs, the recording's 3 "
+                                        r"events span t = 600000\.\.3000000 µs\)"):
+        load_dvs_gesture(root, "train", dt=0.1, max_time=0.5, cache=False)
+    single_recording(tmp_path, HEADER + packet(1, events), rows=[(5, 500_000, 900_000)])
+    x, y = load_dvs_gesture(root, "train", dt=0.1, max_time=0.5, cache=False)
+    assert y.tolist() == [4] and x.sum() == 2
+
+
+def test_an_event_off_the_sensor_names_that_event_and_the_sensor(tmp_path):
+    """The message named max(x) and max(y), of different events."""
+    events = [(5, 9, 1, 600_000, 1), (200, 3, 0, 700_000, 1), (3, 150, 1, 800_000, 1)]
+    root = single_recording(tmp_path, HEADER + packet(1, events))
+    with pytest.raises(DataError, match=r"user01_lab\.aedat: event 1 \(x=200, y=3, t=700000 µs\) is outside the "
+                                        r"128 x 128 DVS128 sensor \(x < 128, y < 128\); 2 of 3 events are off it"):
+        load_dvs_gesture(root, "train", dt=0.1, cache=False)
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("eventNumber", -1, r"a count >= 0"),
+    ("eventValid", 3, r"a count in 0\.\.eventNumber = 2"),
+    ("eventTSOverflow", -5, r"a count >= 0"),
+    ("eventSize", 16, r"8 for polarity events \(eventType 1\)"),
+    ("eventTSOffset", 0, r"4 for polarity events \(eventType 1\)"),
+    ("eventType", -3, r"a type >= 0"),
+])
+def test_an_impossible_packet_header_field_is_named_with_its_value_and_offset(tmp_path, field, value, expected):
+    """A negative eventNumber was reported as a 'truncated packet'."""
+    fields = {"eventType": 1, "eventSource": 1, "eventSize": 8, "eventTSOffset": 4, "eventTSOverflow": 0,
+              "eventCapacity": 2, "eventNumber": 2, "eventValid": 2}
+    good = packet(1, [(1, 2, 0, 10, 1), (3, 4, 1, 20, 1)])
+    bad = struct.pack("<hhiiiiii", *{**fields, field: value}.values()) + good[28:]
+    path = tmp_path / "bad.aedat"
+    path.write_bytes(HEADER + good + bad)
+    offset = len(HEADER) + len(good)
+    with pytest.raises(DataError, match=rf"bad\.aedat: the packet header at byte {offset} has {field} = {value}, "
+                                        rf"expected {expected}: the packet header is corrupt"):
+        read_aedat31(path)

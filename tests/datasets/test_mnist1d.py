@@ -10,6 +10,7 @@ github.com/greydanus/mnist1d, mnist1d/{data,transform,utils}.py at commit
 """
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -164,3 +165,21 @@ def test_a_bad_split_is_a_config_error_naming_the_allowed_values(tmp_path):
     with pytest.raises(ConfigError, match=r"split must be 'train' or 'test', got 'valid'"):
         load_mnist1d("valid", root=tmp_path, num_samples=20)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_train_split_that_leaves_the_split_asked_for_empty_is_a_config_error(tmp_path):
+    """train_split=0 gave an empty (0, 40, 1) training set, silently."""
+    with pytest.raises(ConfigError, match=r"train_split=0\.0 with num_samples=20 leaves the 'train' split empty "
+                                          r"\(int\(20 \* 0\.0\) = 0 of 20 samples train, 20 test\); for a non-empty "
+                                          r"'train' split give train_split in \[0\.05, 1\]"):
+        load_mnist1d("train", root=tmp_path, num_samples=20, train_split=0.0)
+    with pytest.raises(ConfigError, match=r"train_split=1\.0 with num_samples=20 leaves the 'test' split empty .* "
+                                          r"give train_split in \[0, 1\)"):
+        load_mnist1d("test", root=tmp_path, num_samples=20, train_split=1.0)
+    assert not list(tmp_path.iterdir())                                     # refused before generating
+    with pytest.raises(ConfigError, match=r"train_split in \[(.*), 1\]") as info:
+        load_mnist1d("train", cache=False, num_samples=850, train_split=1 / 850)   # 850 * (1/850) < 1
+    lowest = float(re.search(r"train_split in \[(.*), 1\]", str(info.value)).group(1))
+    assert int(850 * lowest) == 1                                           # the range given is the real one
+    x, y = load_mnist1d("train", cache=False, num_samples=20, train_split=1.0)  # the other split may be empty
+    assert x.shape == (20, 40, 1) and len(y) == 20

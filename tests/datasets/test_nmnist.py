@@ -33,14 +33,23 @@ def test_events_read_back_exactly(tmp_path):
         np.testing.assert_array_equal(events[name], expected)
 
 
-def test_an_overflow_marker_adds_2_to_the_23_to_later_timestamps_and_is_dropped(tmp_path):
+def test_an_overflow_marker_adds_2_to_the_13_to_later_timestamps_and_is_dropped(tmp_path):
+    """As the dataset authors' reader (G. Orchard's event-Python ``read_dataset``, copied
+    by tonic) does: every event with y == 240 adds 2**13 µs to its own and all later
+    timestamps. We added 2**23, so a file with markers got other times than theirs."""
     x, y, p = [1, 0, 2, 0, 3], [5, 240, 6, 240, 7], [1, 0, 0, 1, 1]
     stamps = [8_000_000, 0, 100, 0, 42]
     path = tmp_path / "wrap.bin"
     path.write_bytes(pack(x, y, p, stamps))
     events = read_nmnist_events(path)
     assert events["x"].tolist() == [1, 2, 3] and events["y"].tolist() == [5, 6, 7] and events["p"].tolist() == [1, 0, 1]
-    assert events["t"].tolist() == [8_000_000, 2**23 + 100, 2**24 + 42]
+    assert events["t"].tolist() == [8_000_000, 8_192 + 100, 16_384 + 42]
+    # bytes written by hand from the format (x, y, polarity | t[22:16], t[15:8], t[7:0]), not through pack()
+    path.write_bytes(bytes([3, 4, 0x80, 0x05, 0xDC,      # x=3, y=4, on, t = 0x05DC = 1500
+                            0, 240, 0x00, 0x00, 0x00,    # an overflow marker
+                            20, 33, 0x01, 0x00, 0x07]))  # x=20, y=33, off, t = 0x010007 = 65543
+    events = read_nmnist_events(path)
+    assert events.tolist() == [(3, 4, 1, 1_500), (20, 33, 0, 65_543 + 8_192)]
 
 
 def test_a_truncated_file_names_the_file_and_its_size(tmp_path):
@@ -117,12 +126,29 @@ def test_a_missing_split_names_the_layout_and_where_to_get_it(tmp_path):
         load_nmnist(tmp_path, "valid", dt=0.01)
 
 
-def test_an_event_off_the_sensor_names_the_file(tmp_path):
+def test_an_event_off_the_sensor_names_that_event_and_the_sensor(tmp_path):
+    """The message named max(x) and max(y), of different events: 'an event at x=40, y=50'
+    that no event of the file is."""
     folder = tmp_path / "Train" / "1"
     folder.mkdir(parents=True)
-    (folder / "bad.bin").write_bytes(pack([34], [0], [0], [10]))
-    with pytest.raises(DataError, match=r"bad\.bin: an event at x=34.*outside the 34 x 34"):
+    (folder / "bad.bin").write_bytes(pack([5, 40, 1], [5, 1, 50], [0, 1, 0], [10, 20, 30]))
+    with pytest.raises(DataError, match=r"bad\.bin: event 1 \(x=40, y=1, t=20 µs\) is outside the 34 x 34 N-MNIST "
+                                        r"sensor \(x < 34, y < 34\); 2 of 3 events are off it"):
         load_nmnist(tmp_path, dt=0.01, cache=False)
+
+
+@pytest.mark.parametrize("content, found", [(b"", r"0 bytes"),
+                                            (pack([0, 0], [240, 240], [0, 0], [0, 0]),
+                                             r"only 2 timestamp-overflow markers, y = 240")],
+                         ids=["zero-bytes", "markers-only"])
+def test_a_file_without_events_is_an_error_naming_it_not_an_empty_labelled_sample(tmp_path, content, found):
+    """A 0-byte .bin (a failed unzip) loaded as an all-zero sample with its folder's label."""
+    write_split(tmp_path, "Test", per_digit=1)
+    (tmp_path / "Test" / "3" / "empty.bin").write_bytes(content)
+    assert read_nmnist_events(tmp_path / "Test" / "3" / "empty.bin").size == 0  # the reader returns what is there
+    with pytest.raises(DataError, match=rf"3/empty\.bin: no events \({found}\); an N-MNIST file holds the recording "
+                                        r"of one digit"):
+        load_nmnist(tmp_path, "test", dt=0.01, max_time=0.3, cache=False)
 
 
 def test_a_file_moved_to_another_digit_folder_is_relabelled_through_the_cache(tmp_path):
@@ -143,3 +169,23 @@ def test_a_folder_that_is_not_a_digit_0_to_9_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"Train has the folder\(s\) 10; a folder's name is its samples' label, a "
                                          r"digit 0\.\.9"):
         load_nmnist(tmp_path, "train", dt=0.01, cache=False)
+
+
+def test_a_cache_written_before_empty_files_were_refused_is_not_reused(tmp_path, monkeypatch):
+    """The readers now refuse files they used to load (and read overflow markers
+    otherwise): a cache file of the old format must be rebuilt, not returned."""
+    from etrace_fit.datasets import events as events_module
+
+    folder = tmp_path / "Test" / "4"
+    folder.mkdir(parents=True)
+    (folder / "00001.bin").write_bytes(b"")
+    key = {"dataset": "nmnist", "split": "test", "dt": 0.001, "num_bins": None, "max_time": 0.3,
+           "source": events_module.fingerprint([folder / "00001.bin"])}
+    stale = {"x": np.zeros((1, 300, 2312), np.float32), "y": np.array([4], np.int32), "lengths": np.array([1])}
+    monkeypatch.setattr(events_module, "CACHE_FORMAT", 2)  # as the loader before this fix wrote it
+    events_module.cached(events_module.cache_file(tmp_path / ".etrace_cache", "nmnist_test", key), lambda: stale,
+                         key=key)
+    assert load_nmnist(tmp_path, "test", dt=0.001, max_time=0.3)[1].tolist() == [4]  # that cache is found under 2
+    monkeypatch.undo()
+    with pytest.raises(DataError, match=r"00001\.bin: no events \(0 bytes\)"):
+        load_nmnist(tmp_path, "test", dt=0.001, max_time=0.3)

@@ -244,3 +244,20 @@ def test_a_cache_folder_that_cannot_be_written_fails_before_binning_or_is_skippe
     with pytest.warns(RuntimeWarning, match=r"cannot be written .*shd_train is loaded without a cache"):
         x, y = load_shd(tmp_path, dt=DT, max_time=0.1)
     assert x.shape == (1, 10, 700) and y.tolist() == [1] and binned == [1]
+
+
+def test_a_sample_without_spikes_is_kept_with_a_warning_and_a_file_without_any_spike_is_an_error(tmp_path):
+    """The layout allows a spike-free sample (a clip too quiet for the cochlea model): it
+    is kept, all zeros with its label, but no longer silently. A file where no sample
+    has a spike is broken, not a data set."""
+    write_shd(tmp_path / "shd_train.h5", [[], [0.015], []], [[], [3], []], [4, 5, 6])
+    with pytest.warns(RuntimeWarning, match=r"shd_train\.h5: 2 of 3 samples have no spikes \(at index 0, 2\), so "
+                                            r"their inputs are all zeros, kept with their labels") as caught:
+        x, y, mask = load_shd(tmp_path, dt=DT, max_time=0.1, variable_length=True, cache=False)
+    assert caught[0].filename == __file__
+    assert x.shape == (3, 10, 700) and y.tolist() == [4, 5, 6] and x[1, 1, 3] == 1 and x.sum() == 1
+    assert mask.sum(axis=1).tolist() == [1, 2, 1]
+    write_shd(tmp_path / "shd_test.h5", [[], []], [[], []], [1, 2])
+    with pytest.raises(DataError, match=r"shd_test\.h5: 2 of 2 samples have no spikes \(at index 0, 1\), so their "
+                                        r"inputs are all zeros: the file holds no spike at all"):
+        load_shd(tmp_path, "test", dt=DT, max_time=0.1, cache=False)
