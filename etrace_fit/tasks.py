@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import math
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -51,7 +52,9 @@ class Task:
     ``split`` ``"train"`` or ``"validation"``; ``make_model()`` a model whose step maps
     one step's input to logits. ``reference`` is the published number to compare with;
     ``target_accuracy``, where the publication counts iterations to a criterion, is that
-    criterion (a run reports how many iterations it took to reach it).
+    criterion (a run reports how many iterations it took to reach it). ``make_data`` reads
+    ``data_dir`` when the task ``needs_files`` or ``caches_in_data_dir`` (keeps the data it
+    generates there); for any other task ``--data-dir`` is refused.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Task:
     regularizers: Callable[[], list] | None = None
     memory_budget: str | None = None  # per sample; None: the hybrid's default
     needs_files: bool = False
+    caches_in_data_dir: bool = False
     reference: str = ""
     target_accuracy: float | None = None
 
@@ -232,7 +236,14 @@ def _mnist1d_data(split: str, n: int, seed: int, data_dir: str | None) -> tuple:
     """The original MNIST-1D (4000 train / 1000 test, generated offline; the validation
     set is the test split), ``(N, 40, 1)``; ``data_dir`` holds the cache."""
     root = None if data_dir is None else Path(data_dir) / "mnist1d"
-    data = load_mnist1d("train" if split == "train" else "test", root=root)
+    try:
+        data = load_mnist1d("train" if split == "train" else "test", root=root)
+    except ConfigError as error:  # the cache folder: the command has --data-dir, not load_mnist1d's cache=
+        if "; pass cache" not in str(error):
+            raise
+        where = "give --data-dir a writable folder" if data_dir is None else f"--data-dir {data_dir} must be writable"
+        raise ConfigError(f"{str(error).partition('; pass cache')[0]}; {where} (MNIST-1D keeps the arrays it "
+                          f"generates in <data-dir>/mnist1d)") from None
     return _subset(data, n, seed)
 
 
@@ -303,7 +314,7 @@ TASKS: dict[str, Task] = {
         make_data=_mnist1d_data, make_model=_mnist1d_gru, train_samples=4000, val_samples=1000, epochs=40,
         # The best of 8 (lr, batch) settings for the online rules, scored on the test split
         # (MNIST-1D has no validation split), 3 seeds each: docs/benchmarks.md says so.
-        learning_rate=2.5e-2, batch_size=96,
+        learning_rate=2.5e-2, batch_size=96, caches_in_data_dir=True,
         reference="measured in issue 14 on a causal GRU-64: BPTT 0.974; the reference eligibility-trace "
                   "library: D-RTRL 0.80-0.85, ES-D-RTRL 0.45, BPTT 0.983. Our lr 2.5e-2 and batch 96 are the "
                   "best of 8 settings scored on the test split (MNIST-1D has no validation split), so the "
@@ -314,7 +325,7 @@ TASKS: dict[str, Task] = {
         description="MNIST-1D with a spiking network: RecurrentLIF(1, 128, tau=5) -> "
                     "LeakyRateReadout(10, tau=400), loss at the last step",
         make_data=_mnist1d_data, make_model=_mnist1d_snn, train_samples=4000, val_samples=1000, epochs=60,
-        learning_rate=1e-2, batch_size=64,
+        learning_rate=1e-2, batch_size=64, caches_in_data_dir=True,
         reference="issue target: >= 0.75 with BPTT. The earlier model, Linear(1, 128) -> RecurrentLIF(128, 128), "
                   "computed the same functions but its input weight reached the neurons only through the recurrent "
                   "weight (weight-to-weight: a one-step gradient online): hybrid 0.327 (0.272-0.432), BPTT 0.879. "
@@ -402,6 +413,8 @@ def _use_compile_cache(args: argparse.Namespace) -> None:
     folder named that cannot be made is a :class:`ConfigError`, before anything
     compiles; a default folder that cannot be made is a warning, and the run compiles
     everything as without a cache."""
+    if getattr(args, "compile_cache", None) == "":  # else the variable or the default would stand in for it
+        raise ConfigError("--compile-cache must be a folder (or 'none' for no cache), got ''")
     value = getattr(args, "compile_cache", None) or os.environ.get("ETRACE_FIT_COMPILE_CACHE")
     if value is None:
         if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
@@ -430,14 +443,21 @@ def _use_compile_cache(args: argparse.Namespace) -> None:
 
 
 def _algo_name(text: str) -> str:
-    """``--algo``: a name of :data:`ALGOS`, ``tbptt:<window>`` or ``eprop:random``."""
+    """``--algo``: a name of :data:`ALGOS`, ``tbptt:<window>`` or ``eprop:random``. The
+    registry's messages offer Python values (``algo=ef.algorithms.TBPTT(50)``, a dict of
+    rules) that a command line cannot give: these say what to type."""
     from .algorithms.registry import check_algo
-    from .errors import ConfigError
 
     try:
         check_algo(text)
     except ConfigError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        if text == "tbptt" or text.startswith("tbptt:"):
+            raise argparse.ArgumentTypeError(f"truncated BPTT needs a window of steps, a positive whole number: "
+                                             f"tbptt:<window> (e.g. tbptt:50), got {text!r}") from None
+        if text.partition(":")[0] == "eprop":  # its own message says what to type
+            raise argparse.ArgumentTypeError(str(error)) from None
+        raise argparse.ArgumentTypeError(f"unknown algo {text!r}; valid: {', '.join(ALGOS)}, tbptt:<window> or "
+                                         f"eprop:random") from None
     return text
 
 
@@ -528,20 +548,88 @@ def script(name: str, description: str, argv: list[str] | None = None,
         raise SystemExit(2) from error
 
 
-def _check_settings(args: argparse.Namespace, budget: Any) -> None:
-    """The settings the Trainer and the run folder would refuse, checked before any data
-    is read: the memory budget, the devices asked for, and a log folder that is a file."""
+def _check_settings(task: Task, args: argparse.Namespace, budget: Any, batch_size: int, samples: int) -> None:
+    """The settings the Trainer, the loader and the run folder would refuse or ignore,
+    checked before any data is read and named as the command line spells them: the
+    memory budget (read by hybrid alone), a trace dtype without traces, ``--data-dir``
+    for a task that reads no files, the devices asked for and the batches they split,
+    and a log folder that cannot be made or written."""
     from .algorithms.hybrid import parse_bytes
+    from .algorithms.registry import sequence_algo
 
-    parse_bytes(budget)
-    mesh, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
     try:
-        distributed.resolve_mesh(_mesh(args))
+        parse_bytes(budget, "--memory-budget")
+    except OverflowError:  # a number past any int: '1e400', 'inf'
+        raise ConfigError(f"--memory-budget must be a finite size like '64MiB', got {budget!r}") from None
+    if getattr(args, "memory_budget", None) is not None and args.algo != "hybrid":
+        raise ConfigError(f"--memory-budget is the trace memory --algo hybrid may spend on D-RTRL; --algo "
+                          f"{args.algo} does not read it: drop --memory-budget, or use --algo hybrid")
+    trace_dtype = getattr(args, "trace_dtype", None)
+    if trace_dtype is not None and sequence_algo(args.algo) is not None:
+        raise ConfigError(f"--trace-dtype {trace_dtype} sets the eligibility traces' dtype, but --algo {args.algo} "
+                          f"keeps no traces: drop --trace-dtype, or use an online algo (hybrid, d_rtrl, esd_rtrl, "
+                          f"eprop)")
+    if getattr(args, "data_dir", None) is not None and not (task.needs_files or task.caches_in_data_dir):
+        readers = ", ".join(name for name, other in TASKS.items() if other.needs_files or other.caches_in_data_dir)
+        raise ConfigError(f"--data-dir: task {task.name} generates its data and reads no folder; drop --data-dir "
+                          f"(the tasks that read it: {readers})")
+    _check_split(args, batch_size, samples)
+    if args.logdir.lower() != "none" and distributed.is_main_process():  # only process 0 writes
+        _check_logdir(args.logdir)
+
+
+def _check_split(args: argparse.Namespace, batch_size: int, samples: int) -> None:
+    """The devices ``--mesh`` / ``--devices`` / ``--distributed`` ask for exist, and the
+    Trainer's batches split evenly over them (the command cannot drop a short last
+    batch): the batch size, and ``samples`` (0: not known before the files are read)."""
+    mesh, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
+    option = "--devices" if devices is not None else "--mesh" if mesh is not None else "--distributed"
+    try:
+        resolved = distributed.resolve_mesh(_mesh(args))
     except ConfigError as error:
-        option = "--devices" if devices is not None else "--mesh" if mesh is not None else "--distributed"
         raise ConfigError(f"{option}: {error}") from None
-    if args.logdir.lower() != "none" and Path(args.logdir).exists() and not Path(args.logdir).is_dir():
-        raise ConfigError(f"--logdir {args.logdir} is a file; the run's logs go in a folder under it")
+    if resolved is None:
+        return
+    size = int(resolved.shape[distributed.BATCH_AXIS])
+    if batch_size % size and not 0 < samples < batch_size:  # (fewer samples: one batch of them all)
+        raise ConfigError(f"--batch-size {batch_size} does not split evenly over the {size} devices {option} asks "
+                          f"for: give a multiple of {size}, or fewer devices")
+    if samples % size:
+        raise ConfigError(f"--samples: {samples} training sequences do not split evenly over the {size} devices "
+                          f"{option} asks for (the last batch would not): give a multiple of {size}, or fewer "
+                          f"devices")
+
+
+def _check_logdir(logdir: str) -> None:
+    """``--logdir``: make the folder (with the parents it lacks) and write a file in it,
+    or raise :class:`ConfigError` saying why, having removed the folders it made."""
+    if not logdir.strip():
+        raise ConfigError("--logdir must be a folder (or 'none' for no logs), got ''")
+    folder = Path(logdir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--logdir {logdir} is a file; the run's logs go in a folder under it")
+    missing = []  # the folders to make, deepest first
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    made = []
+    try:
+        for path in reversed(missing):
+            path.mkdir(exist_ok=True)
+            made.append(path)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        for path in reversed(made):  # leave no empty folder behind
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        blocker = next((path for path in folder.parents if path.exists() and not path.is_dir()), None)
+        reason = f"{blocker} is a file" if blocker is not None else error.strerror or str(error)
+        raise ConfigError(f"--logdir {logdir}: cannot make the folder and write in it ({reason}); give a "
+                          f"writable folder, or 'none' for no logs") from None
 
 
 def _run_folder(logdir: str, name: str) -> Path:
@@ -577,12 +665,20 @@ def run(task: Task | str, args: argparse.Namespace) -> dict[str, Any]:
     _use_compile_cache(args)  # before anything compiles
     main = distributed.is_main_process()  # only process 0 prints and writes
 
-    _check_settings(args, budget)  # before the data: a real dataset takes minutes to read and bin
+    # before the data: a real dataset takes minutes to read and bin
+    _check_settings(task, args, budget, batch_size, samples)
     brainstate.environ.set(dt=1.0)
     brainstate.random.seed(args.seed)
     x, y, mask = _fit_arguments(task.make_data("train", samples, args.seed, data_dir))
     x_val, y_val, mask_val = _fit_arguments(task.make_data("validation", val_samples, args.seed + 1_000_003,
                                                            data_dir))  # a disjoint stream
+    for option, asked, got in (("--samples", args.samples, len(x)),
+                               ("--val-samples", getattr(args, "val_samples", None), len(x_val))):
+        if asked is not None and 0 < got < asked:  # the files hold fewer: say so rather than train on fewer quietly
+            warnings.warn(f"{option} {asked}: task {task.name}'s split has {got} sequences; using all {got}",
+                          UserWarning, stacklevel=2)
+    if len(x) != samples:  # known now: the files' count
+        _check_split(args, batch_size, len(x))
     samples = len(x)
     model = task.make_model()
     steps = epochs * math.ceil(samples / batch_size)
@@ -676,7 +772,8 @@ def describe() -> str:
             source = "files in --data-dir"
         else:
             shape = np.shape(task.make_data("train", 1, 0, None)[0])
-            source = f"input (T={shape[1]}, C={', '.join(map(str, shape[2:]))}), {task.train_samples} training sequences"
+            source = (f"input (T={shape[1]}, C={', '.join(map(str, shape[2:]))}), {task.train_samples} training "
+                      f"sequences")
         lines.append(f"{'':<15} defaults: {source}, {task.epochs} epochs, batch {task.batch_size}, "
                      f"lr {task.learning_rate:g}, loss_on {task.loss_on!r}"
                      + (f"; published: {task.reference}" if task.reference else ""))

@@ -95,7 +95,7 @@ def test_a_bad_memory_budget_is_reported_without_a_traceback(capsys, restore_dt,
     code = main(["train", "--task", "rate", "--epochs", "1", "--samples", "32", "--logdir", str(tmp_path),
                  "--memory-budget", "plenty", "--verbose", "0"])
     assert code == 2
-    assert "ConfigError: memory_budget must be bytes" in capsys.readouterr().err
+    assert "ConfigError: --memory-budget must be bytes" in capsys.readouterr().err
 
 
 def test_python_dash_m_and_the_console_script_entry_point():
@@ -208,10 +208,27 @@ def test_a_default_compile_cache_that_cannot_be_made_warns_and_trains(tmp_path):
 @pytest.mark.parametrize("option, fragment", [
     (["--devices", "8"], "ConfigError: --devices: devices must be an int from 1 to the"),
     (["--mesh", "16"], "ConfigError: --mesh: devices must be an int from 1 to the"),
-    (["--memory-budget", "lots"], "ConfigError: memory_budget must be bytes"),
-    (["--logdir", "FILE"], "is a file; the run's logs go in a folder under it")])
+    (["--memory-budget", "lots"], "ConfigError: --memory-budget must be bytes"),
+    (["--memory-budget", "4XB"], "ConfigError: --memory-budget must be bytes (int) or a size like '64MiB'"),
+    (["--memory-budget", "1e400"], "ConfigError: --memory-budget must be a finite size like '64MiB', got '1e400'"),
+    (["--memory-budget", "4MiB", "--algo", "bptt"], "ConfigError: --memory-budget is the trace memory --algo "
+                                                    "hybrid may spend on D-RTRL; --algo bptt does not read it"),
+    (["--memory-budget", "4MiB", "--algo", "eprop"], "--algo eprop does not read it"),
+    (["--memory-budget", "4MiB", "--algo", "d_rtrl"], "--algo d_rtrl does not read it"),
+    (["--trace-dtype", "bfloat16", "--algo", "bptt"], "ConfigError: --trace-dtype bfloat16 sets the eligibility "
+                                                      "traces' dtype, but --algo bptt keeps no traces"),
+    (["--trace-dtype", "float32", "--algo", "tbptt:5"], "but --algo tbptt:5 keeps no traces"),
+    (["--data-dir", "DIR"], "ConfigError: --data-dir: task rate generates its data and reads no folder"),
+    (["--compile-cache", ""], "ConfigError: --compile-cache must be a folder (or 'none' for no cache), got ''"),
+    (["--logdir", ""], "ConfigError: --logdir must be a folder (or 'none' for no logs), got ''"),
+    (["--logdir", "FILE"], "is a file; the run's logs go in a folder under it"),
+    (["--logdir", "FILE/runs"], "ConfigError: --logdir FILE/runs: cannot make the folder and write in it (FILE is "
+                                "a file)")])
 def test_settings_are_refused_before_the_dataset_is_read(option, fragment, tmp_path, capsys, restore_dt, monkeypatch):
-    """A real SHD is ~2 GB to read and bin: a typo in an option was reported after it."""
+    """A real SHD is ~2 GB to read and bin: a typo in an option was reported after it.
+    Each message names the option as typed (``--memory-budget``, not ``memory_budget``),
+    and an option the run would ignore (a budget only hybrid reads, a trace dtype
+    without traces, a data folder for generated data) is refused, not dropped."""
     from etrace_fit import tasks
 
     def no_data(*args, **kwargs):
@@ -219,10 +236,87 @@ def test_settings_are_refused_before_the_dataset_is_read(option, fragment, tmp_p
 
     monkeypatch.setitem(tasks.TASKS, "rate", tasks.dataclasses.replace(tasks.TASKS["rate"], make_data=no_data))
     (tmp_path / "FILE").write_text("")
-    option = [str(tmp_path / "FILE") if a == "FILE" else a for a in option]
+    (tmp_path / "DIR").mkdir()
+    option = [a.replace("FILE", str(tmp_path / "FILE")).replace("DIR", str(tmp_path / "DIR")) for a in option]
+    fragment = fragment.replace("FILE", str(tmp_path / "FILE"))
     logdir = [] if "--logdir" in option else ["--logdir", "none"]
     assert main(["train", "--task", "rate", "--epochs", "1", "--verbose", "0", *logdir, *option]) == 2
     assert fragment in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DIR", "FILE"]  # no folder made
+
+
+def test_a_logdir_that_cannot_be_made_leaves_no_folder_behind(tmp_path, capsys, restore_dt, monkeypatch):
+    """The check makes the missing folders of ``--logdir`` and writes in the last; when
+    a deeper one cannot be made (a name too long here), those it made go again. A
+    folder that can be made is made and kept for the run."""
+    from etrace_fit import tasks
+
+    monkeypatch.setitem(tasks.TASKS, "rate", tasks.dataclasses.replace(tasks.TASKS["rate"], make_data=None))
+    logdir = tmp_path / "new" / ("x" * 300) / "runs"
+    assert main(["train", "--task", "rate", "--epochs", "1", "--verbose", "0", "--logdir", str(logdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: --logdir {logdir}: cannot make the folder and write in it (File name too long)" in err
+    assert list(tmp_path.iterdir()) == []
+    tasks._check_logdir(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--batch-size", "3"], "ConfigError: --batch-size 3 does not split evenly over the 2 devices --devices asks "
+                            "for: give a multiple of 2"),
+    (["--samples", "7", "--batch-size", "4"], "ConfigError: --samples: 7 training sequences do not split evenly "
+                                              "over the 2 devices --devices asks for")])
+def test_batches_that_do_not_split_over_the_devices_are_refused_before_the_data(argv, fragment):
+    """The Trainer refused these after the data was built, naming ``batch_size`` and
+    ``drop_remainder=True``, which the command does not have. Two host devices in a
+    process of their own."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
+    done = subprocess.run([sys.executable, "-m", "etrace_fit", "train", "--task", "rate", "--epochs", "1",
+                           "--samples", "8", "--val-samples", "8", "--logdir", "none", "--devices", "2", *argv],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert fragment in done.stderr
+    assert "etrace-fit: task rate" not in done.stdout  # printed once the data is built
+
+
+@pytest.mark.parametrize("algo, fragment", [
+    ("tbptt:0", "argument --algo: truncated BPTT needs a window of steps, a positive whole number: tbptt:<window> "
+                "(e.g. tbptt:50), got 'tbptt:0'"),
+    ("rtrl", "argument --algo: unknown algo 'rtrl'; valid: d_rtrl, esd_rtrl, hybrid, eprop, bptt, tbptt:<window> or "
+             "eprop:random"),
+    ("eprop:x", "argument --algo: algo 'eprop:x': expected 'eprop', 'eprop:random' or 'eprop:symmetric'")])
+def test_a_bad_algo_says_what_to_type_not_a_python_value(algo, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--algo", algo])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err
+    assert "algo=" not in err and "TBPTT(" not in err and "a dict" not in err
+
+
+def test_an_mnist1d_cache_that_cannot_be_written_names_data_dir(tmp_path, capsys, restore_dt):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    assert main(["train", "--task", "mnist1d-gru", "--epochs", "1", "--verbose", "0", "--logdir", "none",
+                 "--data-dir", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert f"--data-dir {taken} must be writable (MNIST-1D keeps the arrays it generates in <data-dir>/mnist1d)" in err
+    assert "cache=" not in err
+
+
+def test_more_samples_than_the_files_hold_warns(tmp_path, capsys, restore_dt, monkeypatch):
+    """``--samples`` beyond what the dataset holds trained on fewer without a word."""
+    from etrace_fit import tasks
+
+    rate = tasks.TASKS["rate"]
+    monkeypatch.setitem(tasks.TASKS, "rate", tasks.dataclasses.replace(
+        rate, make_data=lambda split, n, seed, data_dir: rate.make_data(split, min(n, 8), seed, data_dir)))
+    with pytest.warns(UserWarning) as record:
+        assert main(["train", "--task", "rate", "--epochs", "1", "--samples", "16", "--val-samples", "12",
+                     "--batch-size", "8", "--logdir", "none", "--verbose", "0"]) == 0
+    messages = [str(w.message) for w in record]
+    assert "--samples 16: task rate's split has 8 sequences; using all 8" in messages
+    assert "--val-samples 12: task rate's split has 8 sequences; using all 8" in messages
 
 
 def test_a_missing_shd_says_how_to_fetch_it_from_the_shell(tmp_path, capsys, restore_dt):

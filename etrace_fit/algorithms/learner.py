@@ -243,7 +243,11 @@ class Learner:
             algo = sequence_algo(self.algo)
             what = ("exact gradients, memory grows with T" if algo.name == "bptt" else
                     f"gradients truncated every {getattr(algo, 'window', '?')} steps, memory grows with the window")
-            return self.graph.report() + f"\n\nalgo='{algo}': {what}"
+            # the compiler's notes on traces are the online rules' (a weight "approximate" under them is
+            # exact here): what is said of BPTT too is a weight the step never reads, or a state it never writes
+            online_only = tuple(d for d in self.graph.diagnostics
+                                if d.kind not in (DiagnosticKind.NOT_READ, DiagnosticKind.STATE_MISMATCH))
+            return self.graph.report(resolved=online_only) + f"\n\nalgo='{algo}': {what}"
         return self.plan.report()
 
     def is_current(self) -> bool:

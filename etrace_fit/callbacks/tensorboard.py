@@ -3,6 +3,7 @@ model summary and compile report, and one HParams entry per run (tensorboardX)."
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -14,6 +15,11 @@ import numpy as np
 
 from .base import Callback, Monitor, writable_folder
 from .raster import firing_statistics, has_matplotlib, raster_figure, raster_image
+
+# The event files' numbers, one count for the process: tensorboardX names a file by the
+# second, the host and the process, so two callbacks of one process (a second fit's)
+# numbering their files from 1 in one second wrote over each other's.
+_FILE_NUMBERS = itertools.count(1)
 
 __all__ = ["TensorBoard", "layer_labels", "readable_tag"]
 
@@ -166,6 +172,7 @@ class TensorBoard(Callback):
         self._in_fit = False
         self._profiling = False
         self._fit_batch = 0
+        self._since_write, self._trained = 0, None
 
     # ------------------------------------------------------------------ writers
     def _writer(self, run: str):
@@ -174,9 +181,8 @@ class TensorBoard(Callback):
 
             # each writer its own file: a file is closed at every epoch's end (below), and
             # tensorboardX names files by the second, so two in one second would be one
-            self._files = getattr(self, "_files", 0) + 1
             self._writers[run] = SummaryWriter(os.path.join(self.log_dir, run),
-                                               filename_suffix=f".{os.getpid()}.{self._files}")
+                                               filename_suffix=f".{os.getpid()}.{next(_FILE_NUMBERS)}")
         return self._writers[run]
 
     def _close_writers(self) -> None:
@@ -202,12 +208,19 @@ class TensorBoard(Callback):
         if getattr(self.model, "resume_epoch", None) is None:  # a resumed run keeps what its state_dict holds
             self._dashboard_written = False
             self._first_rate = None
+            # the batch axis goes on from the batches trained before (Keras' optimizer.iterations):
+            # a second fit (initial_epoch=...) with a new callback drew over the first one's points
+            self._global_batch = int(getattr(self.model, "iterations", self._global_batch))
         self._labels = layer_labels(self.model.model)
         self._fit_batch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start, self._sequences, self._batches = time.perf_counter(), 0, 0
-        self._batch_start = self._start
+        self._batch_start, self._since_write, self._trained = self._start, 0, None
+
+    def on_test_begin(self, logs=None):
+        if self._in_fit and getattr(self, "_trained", 0) is None:  # the validation: the epoch's batches are done
+            self._trained = time.perf_counter()  # (fit read their logs before it validates)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._sequences += int((logs or {}).get("size", 0))
@@ -221,6 +234,7 @@ class TensorBoard(Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._global_batch += 1
+        self._since_write += 1
         logs = logs or {}
         if self._first_rate is None:  # the run's first update's rate (a schedule's start), read once
             rate = getattr(self.model, "learning_rate", None)
@@ -232,10 +246,10 @@ class TensorBoard(Callback):
             # the batch's own loss (BatchLogs.raw), not Keras' running mean: a curve of batches
             train.add_scalar("batch/loss", float(getattr(logs, "raw", logs)["loss"]), self._global_batch)
             if self.write_steps_per_second:
-                now = time.perf_counter()
-                train.add_scalar("batch/steps_per_second", self.update_freq / max(now - self._batch_start, 1e-9),
+                now = time.perf_counter()  # the batches since the last point or the epoch's start
+                train.add_scalar("batch/steps_per_second", self._since_write / max(now - self._batch_start, 1e-9),
                                  self._global_batch)
-                self._batch_start = now
+            self._batch_start, self._since_write = time.perf_counter(), 0
 
     def _stop_profile(self, logs=None) -> None:
         """End the profile once the profiled batches' work is done (their loss is read)."""
@@ -259,7 +273,8 @@ class TensorBoard(Callback):
                 train.add_scalar(f"epoch/{key}", float(value), epoch)
         if self._first_rate is None and "learning_rate" in logs:
             self._first_rate = float(logs["learning_rate"])
-        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        # the training's pace: up to the validation, which the epoch's time includes
+        elapsed = max((self._trained or time.perf_counter()) - self._start, 1e-9)
         train.add_scalar("epoch/sequences_per_second", self._sequences / elapsed, epoch)
         if self.write_steps_per_second:
             train.add_scalar("epoch/steps_per_second", self._batches / elapsed, epoch)
@@ -375,9 +390,15 @@ class TensorBoard(Callback):
         trainer = self.model
         config = dict(trainer.config)
         optimizer = config.pop("optimizer", None) or "optax"  # a transformation of yours: no name to read
+        if config.get("algo") == "hybrid" and config.get("memory_budget") is None:  # the budget it planned with
+            from ..algorithms.hybrid import DEFAULT_BUDGET_PER_SAMPLE, format_bytes
+
+            config["memory_budget"] = f"{format_bytes(DEFAULT_BUDGET_PER_SAMPLE)} (default)"
+        # the batches trained (fit's largest), not a batch_size larger than the data
+        batch = getattr(trainer, "last_train_batch", None) or getattr(trainer, "batch_size", None)
         values = {"optimizer": optimizer, "learning_rate": self._first_rate if self._first_rate is not None
-                  else trainer.learning_rate, "epochs": self.params.get("epochs"),
-                  "batch_size": getattr(trainer, "batch_size", None), **config, **self.hparams}
+                  else trainer.learning_rate, "epochs": self.params.get("epochs"), "batch_size": batch, **config,
+                  **self.hparams}
         return {key: _hparam_value(value) for key, value in values.items()}
 
     def _metrics(self) -> dict[str, float]:

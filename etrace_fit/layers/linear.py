@@ -261,6 +261,11 @@ class LoRALinear(brainstate.nn.Module):
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    def frozen_leaves(self) -> tuple[tuple[str, str], ...]:
+        """``(state attribute, leaf)`` of the weights this layer never trains: the base
+        ``W`` unless ``train_base`` (Keras counts it as a non-trainable param)."""
+        return () if self.train_base else (("weight", "weight"),)
+
     def effective_weight(self) -> jax.Array:
         """``W + (alpha / rank) · A @ B`` (``W`` through ``stop_gradient`` unless ``train_base``)."""
         base = self.weight.value["weight"]

@@ -133,12 +133,13 @@ def model_summary(model: Any, learner: Any = None, algo: Any = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
     rule_line = "-" * len(line(rows[0]))
-    from .persistence import non_trainable_count
+    from .persistence import frozen_param_count, non_trainable_count
 
-    frozen = non_trainable_count(model)  # as Keras: running statistics are non-trainable params
+    # as Keras: running statistics and weights a layer never trains (LoRA's base) are non-trainable params
+    statistics, untrained = non_trainable_count(model), frozen_param_count(model)
     out = [f'Model: "{type(model).__name__}"', rule_line, line(rows[0]), rule_line, *map(line, rows[1:]), rule_line,
-           f"Total params: {total_params + frozen:,}", f"Trainable params: {total_params:,}",
-           f"Non-trainable params: {frozen:,}"]
+           f"Total params: {total_params + statistics:,}", f"Trainable params: {total_params - untrained:,}",
+           f"Non-trainable params: {statistics + untrained:,}"]
     if learner is None:
         out.append("Rules and traces: chosen at the first training batch (summary(x) compiles now)")
     elif learner.plan is None:

@@ -51,7 +51,8 @@ class Persistence:
         if rates is not None:  # the regularisers' running rate estimates: a resumed run goes on with them
             state["rates"] = {str(n): {"sums": dict(held[0]), "count": held[1]}
                               for n, held in enumerate(rates) if held is not None}
-        extra = {"epoch": self.epoch, "history": self.history.history, "history_epochs": self.history.epoch,
+        extra = {"epoch": self.epoch, "iterations": self.iterations, "history": self.history.history,
+                 "history_epochs": self.history.epoch,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
                  "has_opt_state": self.opt_state is not None, "process_count": jax.process_count(),
                  "pending_learning_rate": self._pending_learning_rate}
@@ -210,6 +211,7 @@ class Persistence:
         self.history.epoch.extend(epochs)
         self.history.history = {k: list(v) for k, v in history.items()}
         self.epoch = epoch
+        self.iterations = int(manifest.get("iterations", 0))  # files written before it was kept: 0
         # shuffles go on from the restored run's epochs (a fit from epoch 0 after restoring a file
         # saved before training reads what a fresh trainer does)
         self._epochs_run = len(epochs)
@@ -364,6 +366,17 @@ def non_trainable_count(model: Any) -> int:
     are no weights (running statistics), not random keys or counters."""
     return int(sum(np.size(leaf) for state in _long_term(model).values() for leaf in jax.tree.leaves(state.value)
                    if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)))
+
+
+def frozen_param_count(model: Any) -> int:
+    """The numbers of the weights' leaves their layers never train (``frozen_leaves()``:
+    a ``LoRALinear``'s base ``W``), which Keras counts as non-trainable params."""
+    count = 0
+    for node in model.nodes().values():
+        for attribute, leaf in getattr(node, "frozen_leaves", lambda: ())():
+            value = getattr(node, attribute).value
+            count += int(np.size(value[leaf] if isinstance(value, dict) else value))
+    return count
 
 
 def _long_term(model: Any) -> dict:

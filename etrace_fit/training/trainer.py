@@ -315,6 +315,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                            stateful=stateful, stop_on_nonfinite=stop_on_nonfinite,
                            regularizers=[repr(r) for r in self.regularizers] or None)
         self.epoch = -1  # the last finished epoch
+        self.iterations = 0  # training batches run, across fits (Keras' optimizer.iterations)
         self._callbacks = CallbackList()
         # A callback (BackupAndRestore) may set this in on_train_begin: fit starts there.
         self.resume_epoch: int | None = None
@@ -1143,6 +1144,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         written into the model)."""
         compiled, step, args, options = self._step_call(xs, ys, weight, metric_weight)
         self._state, result = step(*args, **options)
+        self.iterations += 1
         samples = int(np.shape(weight)[1])  # (T, B)
         # what report() shows the memory at: train_on_batch's batch, or fit's largest (not a smaller last one)
         if getattr(self, "_fitting", False):

@@ -51,6 +51,20 @@ def test_bptt_learner_reports_and_is_exact():
     assert_grads_match(grads, case.ref_grads, 1e-10)
 
 
+def test_a_bptt_report_carries_no_online_approximation():
+    """Two LIF layers: the online rules approximate the first weight (a later layer's
+    memory), and the report said so under BPTT too, then ended "exact gradients"."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        model = ef.Sequential(lin(I, N, 0, 2.0), L.LIF(N), lin(N, N, 1), L.LIF(N), lin(N, O, 2))
+        brainstate.nn.init_all_states(model, batch_size=B)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            online = ef.compile(model, jnp.ones((B, I)), mse, algo="d_rtrl").report()
+        report = ef.compile(model, jnp.ones((B, I)), mse, algo="bptt").report()
+    assert "approximate online gradient [layers.0.weight]" in online  # what BPTT's report must not repeat
+    assert "approximate" not in report and report.endswith("algo='bptt': exact gradients, memory grows with T")
+
+
 def test_the_plan_is_chosen_once_for_every_batch_size():
     """Compiled at batch 8 with a per-sample budget one byte short of D-RTRL: the
     program for batch 2 keeps ES-D-RTRL, as the report says, and so does a plan made at

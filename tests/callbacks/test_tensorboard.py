@@ -129,6 +129,7 @@ def test_hparams_hold_every_hyperparameter_and_the_final_and_best_metrics(run):
     assert hparams["optimizer"] == "adam" and hparams["learning_rate"] == pytest.approx(1e-3)
     assert hparams["epochs"] == "3" and hparams["batch_size"] == "4" and hparams["seed"] == "0"
     assert hparams["algo"] == "hybrid" and hparams["task"] == "rate" and hparams["loss_on"] == "last"
+    assert hparams["memory_budget"] == "4.0 MiB (default)"  # the budget the plan used, not "none"
     scalars = _scalars(folder / "train")
     history = trainer.history.history
     assert scalars["hparam/final_val_accuracy"][2] == pytest.approx(history["val_accuracy"][-1])
@@ -316,3 +317,77 @@ def test_the_exploding_gradient_warning_under_grad_clip_does_not_advise_clipping
                                             r"grad_clip=1\): lower the learning rate") as record:
         trainer._check_norms(1)
     assert "Trainer(grad_clip=1.0)" not in str(record[0].message)
+
+
+def _hparams_of(folder):
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+    *_, start = [HParamsPluginData.FromString(v.metadata.plugin_data.content).session_start_info
+                 for tag, _, v in _values(folder / "train") if tag == "_hparams_/session_start_info"]  # the last fit's
+    return {k: v.string_value or v.number_value for k, v in start.hparams.items()}
+
+
+def test_two_fits_in_one_second_keep_every_epoch_and_one_batch_axis(tmp_path):
+    """A second fit with a new callback on the same folder: its event files took the
+    first one's names (the same second and process, each callback numbering from 1)
+    and epochs 1 and 2 were lost; its batch points restarted at step 1, over the first
+    fit's. Keras' axis is the optimizer's iterations: the trainer's ``iterations``."""
+    x, y = _data()
+    trainer = ef.Trainer(_model(), optimizer="adam", seed=0)
+    trainer.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[TensorBoard(tmp_path, update_freq="batch")])
+    trainer.fit(x, y, batch_size=8, epochs=6, initial_epoch=3, verbose=0,
+                callbacks=[TensorBoard(tmp_path, update_freq="batch")])
+    scalars = _scalars(tmp_path / "train")
+    assert sorted(scalars["epoch/loss"]) == [0, 1, 2, 3, 4, 5]
+    assert sorted(scalars["batch/loss"]) == list(range(1, 13)) and trainer.iterations == 12
+    assert _hparams_of(tmp_path)["batch_size"] == "8"
+
+
+def test_the_hparams_batch_size_is_the_batch_trained(tmp_path):
+    x, y = _data(8)
+    ef.Trainer(_model(), optimizer="adam", seed=0).fit(x, y, batch_size=100, verbose=0,
+                                                        callbacks=[TensorBoard(tmp_path)])
+    assert _hparams_of(tmp_path)["batch_size"] == "8"  # batch_size=100 asked of 8 sequences: it said 100
+
+
+class _Clock:
+    """``time.perf_counter`` for the TensorBoard module: a batch takes 1 s, a validation
+    100 s (callbacks move it), so the pace scalars have exact values."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class _Advance(ef.callbacks.Callback):
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.clock.now += 1.0
+
+    def on_test_end(self, logs=None):
+        self.clock.now += 100.0
+
+
+def test_the_pace_scalars_count_training_time_only_and_each_point_its_own_batches(tmp_path, monkeypatch):
+    """``epoch/sequences_per_second`` ran to the epoch's end, its validation included
+    (64 training sequences read 7250/s without validation and 1170/s with it); the
+    batch points' time restarted at each epoch while their count did not, so a point
+    across an epoch's start read twice the pace."""
+    from etrace_fit.callbacks import tensorboard
+
+    clock = _Clock()
+    monkeypatch.setattr(tensorboard, "time", clock)
+    x, y = _data()
+    ef.Trainer(_model(), optimizer="adam", seed=0).fit(
+        x, y, batch_size=4, epochs=2, validation_data=_data(8), verbose=0,
+        callbacks=[_Advance(clock), TensorBoard(tmp_path, update_freq=3, write_steps_per_second=True)])
+    scalars = _scalars(tmp_path / "train")
+    assert scalars["epoch/sequences_per_second"] == {0: pytest.approx(4.0), 1: pytest.approx(4.0)}  # 16 in 4 s
+    assert scalars["epoch/steps_per_second"] == {0: pytest.approx(1.0), 1: pytest.approx(1.0)}
+    # points at batches 3 and 6: the second covers batch 4 (epoch 1) and 5, 6 (epoch 2, from its start)
+    assert scalars["batch/steps_per_second"] == {3: pytest.approx(1.0), 6: pytest.approx(1.0)}

@@ -302,6 +302,36 @@ def test_keras_evaluation_forms_and_counts():
         ef.Trainer(_model()).fit(x, y, batch_size=8, steps_per_epoch=5, verbose=0)
 
 
+def test_summary_counts_a_frozen_lora_base_as_non_trainable_as_keras_does():
+    """``LoRALinear``'s base ``W`` (``train_base=False``) enters through stop_gradient and
+    never changes; summary() called all 262 params trainable where 102 train."""
+    x, y = _data(8)
+    model = ef.Sequential(L.LoRALinear(C, H, rank=2), L.LIF(H), L.LeakyRateReadout(H, 2))
+    trainer = ef.Trainer(model)
+    base = trainer.get_weights()[("layers", 0, "weight")]["weight"]
+    trainer.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    np.testing.assert_array_equal(trainer.get_weights()[("layers", 0, "weight")]["weight"], base)  # as summary says
+    total = C * H + H + 2 * (C + H) + H * 2 + 2
+    assert trainer.count_params() == total  # Keras' count_params counts every weight
+    text = trainer.summary(print_fn=None)
+    assert (f"Total params: {total:,}\nTrainable params: {total - C * H:,}\nNon-trainable params: {C * H:,}"
+            in text), text
+    trained = ef.Trainer(ef.Sequential(L.LoRALinear(C, H, rank=2, train_base=True), L.LIF(H),
+                                       L.LeakyRateReadout(H, 2))).summary(print_fn=None)
+    assert f"Trainable params: {total:,}\nNon-trainable params: 0" in trained, trained
+
+
+def test_iterations_count_the_batches_trained_across_fits_and_a_checkpoint(tmp_path):
+    """Keras' ``optimizer.iterations``: TensorBoard's batch axis goes on from it."""
+    x, y = _data(16)
+    trainer = ef.Trainer(_model())
+    trainer.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    trainer.train_on_batch(x[:8], y[:8])
+    assert trainer.iterations == 5
+    trainer.save(tmp_path / "run.ckpt")
+    assert ef.Trainer.load(tmp_path / "run.ckpt", _model()).iterations == 5
+
+
 def test_count_params_and_summary_count_running_statistics_as_keras_does():
     """Keras counts a BatchNormalization's moving mean and variance as non-trainable
     params (count_params() and summary's total); a dropout key is no param."""
