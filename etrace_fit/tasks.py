@@ -557,10 +557,7 @@ def _check_settings(task: Task, args: argparse.Namespace, budget: Any, batch_siz
     from .algorithms.hybrid import parse_bytes
     from .algorithms.registry import sequence_algo
 
-    try:
-        parse_bytes(budget, "--memory-budget")
-    except OverflowError:  # a number past any int: '1e400', 'inf'
-        raise ConfigError(f"--memory-budget must be a finite size like '64MiB', got {budget!r}") from None
+    parse_bytes(budget, "--memory-budget")
     if getattr(args, "memory_budget", None) is not None and args.algo != "hybrid":
         raise ConfigError(f"--memory-budget is the trace memory --algo hybrid may spend on D-RTRL; --algo "
                           f"{args.algo} does not read it: drop --memory-budget, or use --algo hybrid")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import warnings
 from typing import Any, Mapping
 
@@ -200,6 +201,8 @@ def parse_bytes(value: Any, what: str = "memory_budget") -> int | None:
         except ValueError:
             amount = -1.0
         if unit in _UNITS and amount >= 0:
+            if not math.isfinite(amount * _UNITS[unit]):  # '1e400', 'inf': int() raised OverflowError
+                raise ConfigError(f"{what} must be a finite size like '64MiB', got {value!r}")
             return int(amount * _UNITS[unit])
     raise ConfigError(f"{what} must be bytes (int) or a size like '64MiB' (units: B, KB, MB, GB, KiB, MiB, GiB), "
                       f"got {value!r}")

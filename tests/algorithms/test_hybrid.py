@@ -227,7 +227,7 @@ def test_parse_bytes_reads_sizes(value, expected):
     assert parse_bytes(value) == expected
 
 
-@pytest.mark.parametrize("value", [-1, "lots", "12 parsecs", "-3MB", True, 1.5])
+@pytest.mark.parametrize("value", [-1, "lots", "12 parsecs", "-3MB", True, 1.5, "1e400", "inf", "nan"])
 def test_a_bad_budget_is_a_config_error_naming_the_argument(value):
     with pytest.raises(ef.ConfigError, match="memory_budget"):
         big_plan(memory_budget=value)
