@@ -43,6 +43,12 @@ BUILDERS = {
     "detached_recurrent": lambda: ef.Sequential(lin(I, H, 7, 2.0), DetachedRecurrentLIF(), lin(H, O, 2)),
     "plain_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
                                            brainstate.nn.Linear(H, O)),
+    # a leaky readout's memory is not followed through an LRU's C or a norm (docs/layers.md says so; BatchNorm
+    # is left out: the BPTT reference here runs it outside fit mode, on its running statistics)
+    "lru_leaky_readout": lambda: ef.Sequential(L.LRU(I, H, H), L.LeakyRateReadout(H, O, tau=5.0, w_init=rand(2, H, O))),
+    "norm_leaky_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
+                                                L.LayerNorm(H), L.LeakyRateReadout(H, O, tau=5.0,
+                                                                                     w_init=rand(2, H, O))),
 }
 H = 8
 
@@ -145,5 +151,5 @@ def test_every_inexact_weight_is_named(name, algo):
                 "plain_readout") and algo != "esd_rtrl":
         assert inexact == [] and named == ""  # exact models stay silent (a learned readout τ's memory is followed)
     if name in ("gru", "two_lif", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
-                "split_recurrent", "lora_two_lif", "mixed_threshold"):
+                "split_recurrent", "lora_two_lif", "mixed_threshold", "lru_leaky_readout", "norm_leaky_readout"):
         assert inexact, "this model was expected to have an approximate weight"
