@@ -121,7 +121,7 @@ def test_the_command_line_trains_on_the_mesh_and_refuses_a_batch_that_does_not_s
     cli = runs["cli"]
     assert cli["--devices 4"]["devices"] == 4 and cli["--mesh auto"]["devices"] == 4
     assert cli["indivisible"]["status"] == 2
-    assert "batch_size 10 does not split evenly over the 4 devices" in cli["indivisible"]["stderr"]
+    assert "--batch-size 10 does not split evenly over the 4 devices" in cli["indivisible"]["stderr"]
 
 
 def test_the_learner_streams_on_four_devices_with_the_one_device_gradients(runs):
