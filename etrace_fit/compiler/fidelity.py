@@ -48,7 +48,7 @@ def approximations(
         reached = _reached(module, (state_of[p].in_vars[0] for p in group.paths), differentiable=True)
         reads_previous[group.index] = reached
     eqns = module.jaxpr.eqns
-    weight_uses = _plain_uses(module, relations)
+    weight_uses, untraced = _plain_uses(module, relations)
     recurring = _dense_recurrence(module, relations, reads_previous)
 
     records = []
@@ -97,7 +97,7 @@ def approximations(
             records.append(_record(relation, UNTRACED_USE, (
                 f"{name} is also used by plain jnp ops ({', '.join(plain)}) that reach a hidden state: "
                 f"that use gets its one-step gradient, not a trace")))
-    records.extend(_untraced_uses(module, relations))
+    records.extend(untraced)
     return tuple(records)
 
 
@@ -154,54 +154,52 @@ def _record(relation: Relation, reason: str, message: str, groups: tuple[int, ..
                       weight_path=relation.weight_path, hidden_paths=relation.hidden_paths, context=context)
 
 
-def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> dict[int, tuple[str, ...]]:
-    """Per relation: the plain (non-ETP) primitives outside every operand chain that
-    read one of its weight leaves, or a value its operand chain made of them (``w.T``,
-    ``w * 2`` shared with the op), and whose result reaches a new hidden value."""
-    leaf_vars = _leaf_vars(module)
-    traced = _traced_equations(module, set(leaf_vars.values()))
-    found = {}
-    for relation in relations:
-        leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
-        chain, _ = _operand_chain(module, relation.eqn_index, leaves)
-        leaves |= {v for i in chain for v in module.jaxpr.eqns[i].outvars}
-        uses = _uses_reaching_hidden(module, leaves, traced)
-        if uses:
-            found[relation.eqn_index] = uses
-    return found
-
-
-def _untraced_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> list[Diagnostic]:
-    """A weight leaf whose ETP ops drive no hidden state (a threshold read through
-    ``layers.read`` for the output spike only) but that plain ops also read on their way
-    to a hidden state (the same threshold read raw in the reset): that use is not traced,
-    and no relation's check sees it, so say so here (one record per weight)."""
+def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> tuple[dict[int, tuple[str, ...]], list]:
+    """The plain (non-ETP) primitives outside every operand chain that read a weight
+    leaf, or a value its operand chain made of it (``w.T``, ``w * 2`` shared with the
+    op), and whose result reaches a new hidden value: per relation, and as records for
+    the leaves no relation holds (a threshold read through ``layers.read`` for the
+    output spike only, and raw in the reset: no relation's check saw that use)."""
+    eqns = module.jaxpr.eqns
     leaf_vars = _leaf_vars(module)
     every_leaf = set(leaf_vars.values())
     traced = _traced_equations(module, every_leaf)
+    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+
+    def uses_of(values: set) -> tuple[str, ...]:
+        found = [eqn.primitive.name for index, eqn in enumerate(eqns) if index not in traced
+                 and any(not isinstance(v, _compat.Literal) and v in values for v in eqn.invars)
+                 and hidden_new & _reached(module, eqn.outvars, after=index)]
+        return tuple(dict.fromkeys(found))
+
+    per_relation = {}
+    for relation in relations:
+        leaves = {leaf_vars[(o.path, o.leaf)] for o in relation.operands}
+        chain, _ = _operand_chain(module, relation.eqn_index, leaves)
+        uses = uses_of(leaves | {v for i in chain for v in eqns[i].outvars})
+        if uses:
+            per_relation[relation.eqn_index] = uses
     related = {leaf_vars[(o.path, o.leaf)] for relation in relations for o in relation.operands}
-    name_of = {var: (state, leaf) for state in module.weights for var, leaf in zip(state.in_vars, state.leaf_names)}
-    eqns = module.jaxpr.eqns
+    name_of = {var: key for key, var in leaf_vars.items()}
+    weights = {state.path: state for state in module.weights}
     records, seen = [], set()
     for index, eqn in enumerate(eqns):
-        op = etp_op_info(eqn.primitive)
-        if op is None or any(r.eqn_index == index for r in relations):
+        if etp_op_info(eqn.primitive) is None or index in {r.eqn_index for r in relations}:
             continue
         chain, leaves = _operand_chain(module, index, every_leaf)
-        for leaf in sorted(leaves - related - seen, key=lambda v: str(name_of[v][0].path)):
+        for leaf in sorted(leaves - related - seen, key=lambda v: str(name_of[v][0])):
             seen.add(leaf)
-            own = {leaf} | {v for i in chain for v in eqns[i].outvars}
-            uses = _uses_reaching_hidden(module, own, traced)
+            uses = uses_of({leaf} | {v for i in chain for v in eqns[i].outvars})
             if not uses:
                 continue
-            state, leaf_name = name_of[leaf]
-            where = state.name + (f"['{leaf_name}']" if leaf_name else "")
+            path, leaf_name = name_of[leaf]
+            where = weights[path].name + (f"['{leaf_name}']" if leaf_name else "")
             records.append(Diagnostic(DiagnosticKind.APPROXIMATE, (
                 f"{where} is also used through plain jnp ops ({', '.join(uses)}) that reach a hidden state, besides "
                 f"{eqn.primitive.name}, which drives none: that use is not traced, so it gets the one-step gradient "
                 f"(read the weight through etrace_fit.ops everywhere, e.g. layers.read(...), to trace it)"),
-                primitive=eqn.primitive.name, weight_path=state.path, context=(("reason", UNTRACED_USE),)))
-    return records
+                primitive=eqn.primitive.name, weight_path=path, context=(("reason", UNTRACED_USE),)))
+    return per_relation, records
 
 
 def _leaf_vars(module: ModuleInfo) -> dict:
@@ -214,20 +212,6 @@ def _traced_equations(module: ModuleInfo, leaves: set) -> set[int]:
     eqns = module.jaxpr.eqns
     etp = [i for i, eqn in enumerate(eqns) if etp_op_info(eqn.primitive) is not None]
     return set(etp) | {i for index in etp for i in _operand_chain(module, index, leaves)[0]}
-
-
-def _uses_reaching_hidden(module: ModuleInfo, values: set, traced: set[int]) -> tuple[str, ...]:
-    """The primitives of the untraced equations that read one of ``values`` and whose
-    result reaches a new hidden value, each named once."""
-    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
-    uses = []
-    for index, eqn in enumerate(module.jaxpr.eqns):
-        if index in traced:
-            continue
-        if any(not isinstance(v, _compat.Literal) and v in values for v in eqn.invars):
-            if hidden_new & _reached(module, eqn.outvars, after=index):
-                uses.append(eqn.primitive.name)
-    return tuple(dict.fromkeys(uses))
 
 
 def _operand_chain(module: ModuleInfo, index: int, leaves: set) -> tuple[set[int], set]:
