@@ -898,6 +898,70 @@ def warn_readout_memory_under_updates(plan: Plan | None, why: str, stacklevel: i
                   ApproximationWarning, stacklevel=stacklevel)
 
 
+# Primitives between a ParamState and its op that keep the op's value linear in the parameter.
+_LINEAR_CHAIN = frozenset({"add", "sub", "neg", "convert_element_type", "reshape", "transpose", "broadcast_in_dim",
+                           "squeeze", "expand_dims", "copy", "copy_p", "slice", "dynamic_slice", "concatenate",
+                           "pad", "rev", "reduce_sum"})
+
+
+def _nonlinear_map(pair: Any, graph: ETraceGraph) -> str | None:
+    """What maps ``pair``'s parameter to the value its op reads nonlinearly (a learned
+    τ's ``exp(−dt/τ)``, a ``weight_fn`` other than a mask, a product of two parameters),
+    or None when that map is linear (a plain or masked weight, a parameter read as it is).
+    The traces are kept for the value the op reads and mapped back to the parameter
+    through that function at the current parameter when a gradient is formed."""
+    from ..ops.elementwise import _identity
+    from ..ops.weight_fns import Chain, Masked
+
+    relation = pair.relation
+    params = graph.module.jaxpr.eqns[relation.eqn_index].params
+    fn = params.get("fn")
+    fn = getattr(fn, "fn", fn)  # a quantity's fn, unwrapped
+    if relation.op_kind == "elementwise" and fn is not None and fn is not _identity:
+        return getattr(fn, "__name__", type(fn).__name__)
+    weight_fn = params.get("weight_fn")
+    parts = weight_fn.fns if isinstance(weight_fn, Chain) else (weight_fn,)
+    if weight_fn is not None and not all(isinstance(part, Masked) for part in parts):
+        return f"weight_fn {type(weight_fn).__name__}"
+    keys = [operand.key for operand in relation.operands]
+    for operand in relation.operands:
+        shared = keys.count(operand.key) > 1  # an operand computed from several parameters (W + A @ B)
+        for primitive in operand.chain:
+            if primitive.startswith("weight_fn:") or primitive in _LINEAR_CHAIN:
+                continue
+            if primitive in ("mul", "dot_general") and not shared:  # by a constant
+                continue
+            return primitive
+    return None
+
+
+def warn_weight_maps_under_updates(plan: Plan | None, why: str, stacklevel: int = 2) -> None:
+    """An :class:`~etrace_fit.errors.ApproximationWarning` when a traced parameter reaches
+    its op through a nonlinear function (:func:`_nonlinear_map`) while the weights
+    change inside the traces' memory (``why``: ``update_every``, a stateful stream):
+    the traces follow the function's value, mapped back to the parameter through the
+    derivative at the current parameter, where RTRL weighs each earlier step by the
+    derivative at the parameter it had (docs/algorithms.md). Weights already named
+    approximate are left out."""
+    if plan is None:
+        return
+    flagged = plan.approximations()
+    found = {}
+    for pair in plan.pairs:
+        name = format_path(pair.relation.weight_path)
+        what = None if name in flagged else _nonlinear_map(pair, plan.graph)
+        if what is not None:
+            found.setdefault(name, what)
+    if not found:
+        return
+    named = ", ".join(f"{name} (through {what})" for name, what in found.items())
+    warnings.warn(f"the online gradients of {named} are approximate with {why}: their traces follow the value the "
+                  f"op reads, mapped back to the parameter through the function's derivative at the current "
+                  f"parameter, and the updates change the parameter within the traces' memory (the error grows with "
+                  f"the learning rate); one update per sequence keeps them exact", ApproximationWarning,
+                  stacklevel=stacklevel)
+
+
 def warn_unread(graph: ETraceGraph, stacklevel: int = 2) -> None:
     """One ``UserWarning`` per ``ParamState`` the model's step never reads: no algo
     trains it (Keras warns of a variable without a gradient alike)."""

@@ -22,7 +22,8 @@ from ..errors import ConfigError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
 from .learner import (CompiledSequence, Learner, _check_batch_axis, _run, check_sequence, compile,
-                      warn_approximations, warn_readout_memory_under_updates, warn_unread)
+                      warn_approximations, warn_readout_memory_under_updates, warn_unread,
+                      warn_weight_maps_under_updates)
 from .registry import ONLINE_ALGOS, check_algo, sequence_algo
 
 __all__ = ["compile_sequence", "online_fit", "plan_for", "sequence_grad"]
@@ -220,6 +221,7 @@ def online_fit(
     key = ("online_fit", optimizer, update_every)
     if update_every < jnp.shape(jax.tree.leaves(xs)[0])[0] and key not in compiled.updates:
         warn_readout_memory_under_updates(compiled.plan, f"update_every={update_every}", stacklevel=3)
+        warn_weight_maps_under_updates(compiled.plan, f"update_every={update_every}", stacklevel=3)
 
     def make(compiled):
         if key not in compiled.updates:

@@ -530,7 +530,8 @@ def class_table(class_weight: Mapping[int, float], y: Any) -> np.ndarray:
             raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {key!r}")
         if not isinstance(value, (int, float, np.number)) or not value >= 0:
             raise ConfigError(f"class_weight[{key}] must be a number >= 0, got {value!r}")
-    table = np.ones(max(int(labels.max(initial=0)), *class_weight) + 1, np.float32)
+    # float64: loss_weight casts to the loss weights' dtype (0.3 rounded to float32 was 1e-8 off a float64 model)
+    table = np.ones(max(int(labels.max(initial=0)), *class_weight) + 1, np.float64)
     for key, value in class_weight.items():
         table[key] = value
     return table

@@ -32,7 +32,7 @@ import optax
 from ..algorithms.esd_rtrl import resolve_decay
 from ..algorithms.hybrid import parse_bytes
 from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting,
-                                  warn_readout_memory_under_updates,
+                                  warn_readout_memory_under_updates, warn_weight_maps_under_updates,
                                   check_trace_dtype, compile as compile_learner, layer_nodes)
 from ..algorithms.online import sized_program, temp_bytes
 from ..algorithms.registry import check_algo, sequence_algo, signal_algo
@@ -1014,6 +1014,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                     changing += ["stateful=True (the traces carry across batches)"] * self.stateful
                     if changing:
                         warn_readout_memory_under_updates(self.learner.plan, " and ".join(changing), stacklevel=6)
+                        warn_weight_maps_under_updates(self.learner.plan, " and ".join(changing), stacklevel=6)
             if check_memory and self.learner.plan is not None:
                 check_trace_memory(self.learner.plan, xs.shape[1],
                                    devices=1 if self._placement is None else self._placement.size)
