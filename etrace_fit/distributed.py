@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .errors import ConfigError
 
@@ -71,8 +71,9 @@ def make_mesh(devices: int | None = None) -> Mesh:
 def resolve_mesh(mesh: Any) -> Mesh | None:
     """The Trainer's ``mesh`` argument as a Mesh: ``None`` (one device, no mesh),
     ``"auto"`` (every device; no mesh when there is only one), an int (that many
-    devices) or a :class:`jax.sharding.Mesh` with a ``"batch"`` axis; else
-    :class:`ConfigError`."""
+    devices) or a :class:`jax.sharding.Mesh` with a ``"batch"`` axis (its axes used
+    as ``AxisType.Auto`` whatever their type, e.g. :func:`jax.make_mesh`'s Explicit
+    ones: the same devices and axes); else :class:`ConfigError`."""
     if mesh is None:
         return None
     if isinstance(mesh, str):
@@ -87,6 +88,10 @@ def resolve_mesh(mesh: Any) -> Mesh | None:
     if BATCH_AXIS not in mesh.axis_names:
         raise ConfigError(f"the mesh has axes {tuple(mesh.axis_names)} but no {BATCH_AXIS!r} axis to split the batch "
                           f"over: build it as Mesh(devices, ({BATCH_AXIS!r},)) or use mesh='auto'")
+    if any(kind != AxisType.Auto for kind in mesh.axis_types):
+        # jax.make_mesh's axes are Explicit by default: the step places its values by sharding
+        # constraints, which Explicit axes refuse (a ShardingTypeError deep in the first step's tracing)
+        mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
     return mesh
 
 

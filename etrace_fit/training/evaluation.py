@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _compat
 from ..callbacks import CallbackList
+from ..distributed import ProcessLocal
 from ..errors import ConfigError, ShapeError
 from .data import (Arrays, Batch, batch_major, batch_name, batches, check_count, check_finite, check_mask,
                    check_not_a_pair, check_step_weights, check_weights, from_lists, listed_array, loss_weight, named,
@@ -340,6 +341,7 @@ class Evaluation:
         check_count(batch_size, "batch_size")
         if steps is not None:
             check_count(steps, "steps")
+        _check_not_process_local(x, "evaluate's x")
         is_array = hasattr(x, "shape")
         if (sample_weight is not None or mask is not None) and not is_array:
             raise ConfigError("sample_weight and mask apply to array data (x, y); an iterable gives (x, y, mask) "
@@ -408,6 +410,7 @@ class Evaluation:
         elif isinstance(x, (str, bytes, dict)) or not hasattr(x, "__iter__"):
             raise ConfigError(f"predict takes an array x or an iterable of batches, got {type(x).__name__}")
         else:
+            _check_not_process_local(x, "predict's x")
             source, time_major = (_predict_batch(item, step) for step, item in enumerate(x)), self.time_major
         shown = _steps_bar("predict", verbose, x if hasattr(x, "shape") else None, batch_size, steps)
         hooks = CallbackList([*callback_list(callbacks, "predict"), *shown], model=self)
@@ -499,11 +502,24 @@ def _check_moved(method: str, **arguments: Any) -> None:
                               f"({', '.join(arguments)} come before callbacks): pass callbacks=[...] by name")
 
 
+def _check_not_process_local(data: Any, name: str) -> None:
+    """``ConfigError`` for :class:`~etrace_fit.distributed.ProcessLocal` data where it is
+    read whole in every process (validation, ``evaluate``, ``predict``): each process
+    evaluated its own share as the whole data, and the processes logged different
+    ``val_loss`` values, silently."""
+    if isinstance(data, ProcessLocal):
+        raise ConfigError(f"{name} is a ProcessLocal, but only fit's training batches are read as each process's "
+                          f"share of a global batch; {name} is read whole in every process: pass it as arrays or "
+                          f"batches that are the same in every process (each process transfers only the rows its "
+                          f"devices hold)")
+
+
 def _checked_iterable(data: Any, name: str) -> Any:
     """``data`` taken as an iterable of batches, or a ``ConfigError`` naming ``name`` for
     what cannot be one (checked before training: these failed at the first validation,
     after an epoch had trained)."""
     expected = f"{name} must be arrays (x, y) or (x, y, mask), or an iterable of such batches"
+    _check_not_process_local(data, name)
     if isinstance(data, Mapping):
         raise ConfigError(f"{expected}; got a {type(data).__name__} with keys {sorted(map(str, data))} (named inputs "
                           f"are not taken: the model's step reads one x array)")

@@ -857,10 +857,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         (``listed``, their sizes; an iterator's batches are checked as they come).
         ``batch_size`` matters only for arrays it splits (a list of batches of 6 on 3
         devices was refused for the unused default of 32)."""
-        if listed is not None:
+        if listed is not None:  # ProcessLocal: each process lists its share, the global batch is P of them
+            processes = jax.process_count() if self._local_batches else 1
             for position, batch in enumerate(listed):
-                if batch % self._placement.size:
-                    self._placement.check_batch(batch, f"batch {position} of the list ({batch} sequences)")
+                if batch * processes % self._placement.size:
+                    share = "" if processes == 1 else f" in each of {processes} processes, {batch * processes} in all"
+                    self._placement.check_batch(batch * processes,
+                                                f"batch {position} of the list ({batch} sequences{share})")
             return
         if size is None:
             return
@@ -1146,7 +1149,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         compiled, step, args, options = self._step_call(xs, ys, weight, metric_weight)
         self._state, result = step(*args, **options)
         self.iterations += 1
-        samples = int(np.shape(weight)[1])  # (T, B)
+        samples = int(np.shape(args[3])[1])  # (T, B), the global batch (weight: a process's share of it)
         # what report() shows the memory at: train_on_batch's batch, or fit's largest (not a smaller last one)
         if getattr(self, "_fitting", False):
             samples = max(samples, getattr(self, "last_train_batch", None) or 0)

@@ -322,9 +322,30 @@ def constraints():
     return found
 
 
+def explicit_mesh():
+    """A mesh from jax.make_mesh (Explicit axes in JAX 0.10): 2 SGD steps, evaluate and
+    predict, against one device (a ShardingTypeError in the first step's tracing before)."""
+    x, y = data(n=16)
+    out = {}
+    reference = ef.Trainer(build(gru), algo="d_rtrl", optimizer=optax.sgd(0.5), loss_on="all")
+    reference.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for name, mesh in (("batch", jax.make_mesh((4,), ("batch",))),
+                       ("batch_model", jax.make_mesh((2, 2), ("batch", "model")))):
+        trainer = ef.Trainer(build(gru), algo="d_rtrl", optimizer=optax.sgd(0.5), mesh=mesh, loss_on="all")
+        trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        out[name] = {"given": [str(t) for t in mesh.axis_types], "used": [str(t) for t in trainer.mesh.axis_types],
+                     "devices": trainer.mesh.shape["batch"],
+                     "weights": max_difference(weights(trainer), weights(reference)),
+                     "evaluate": [trainer.evaluate(x, y, batch_size=8, verbose=0),
+                                  reference.evaluate(x, y, batch_size=8, verbose=0)],
+                     "predict": float(np.max(np.abs(trainer.predict(x, batch_size=8, verbose=0)
+                                                    - reference.predict(x, batch_size=8, verbose=0))))}
+    return out
+
+
 if __name__ == "__main__":
     brainstate.environ.set(precision=64, dt=1.0)
     parts = sys.argv[1:] or ["equivalence", "stateful_and_update_every", "memory", "checkpoints", "errors", "cli",
-                             "docs", "learner", "constraints"]
+                             "docs", "learner", "constraints", "explicit_mesh"]
     results = {part: globals()[part]() for part in parts}
     print(json.dumps(results))

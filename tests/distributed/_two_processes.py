@@ -61,8 +61,23 @@ def main(out: str, role: str, port: str | None) -> None:
         share = [(x[b + 4 * int(role):b + 4 * int(role) + 4], y[b + 4 * int(role):b + 4 * int(role) + 4])
                  for b in range(0, 16, 8)]
         trainer.fit(distributed.ProcessLocal(share), epochs=1, verbose=0)
+        result["local_report"] = trainer.report().splitlines()[-1]
     flat = jax.tree_util.tree_flatten_with_path(trainer.get_weights())[0]
     result["local_weights"] = {jax.tree_util.keystr(p): np.asarray(v).tolist() for p, v in flat}
+    # Shares of 3 rows (global batches of 6 over the 2 devices): the list's sizes were
+    # checked against the devices as if each share were a whole batch, and refused.
+    brainstate.random.seed(0)
+    model = ef.Sequential(layers.GRUCell(5, 8), layers.Linear(8, 3))
+    trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(0.5), loss_on="all",
+                         mesh=None if role == "single" else "auto")
+    if role == "single":
+        trainer.fit(x[:12], y[:12], batch_size=6, epochs=1, verbose=0, shuffle=False)
+    else:
+        share = [(x[b + 3 * int(role):b + 3 * int(role) + 3], y[b + 3 * int(role):b + 3 * int(role) + 3])
+                 for b in range(0, 12, 6)]
+        trainer.fit(distributed.ProcessLocal(share), epochs=1, verbose=0)
+    flat = jax.tree_util.tree_flatten_with_path(trainer.get_weights())[0]
+    result["odd_share_weights"] = {jax.tree_util.keystr(p): np.asarray(v).tolist() for p, v in flat}
     with open(os.path.join(out, f"{name}.json"), "w") as handle:
         json.dump(result, handle)
 

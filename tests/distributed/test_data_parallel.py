@@ -190,6 +190,36 @@ def brainstate_seed(seed):
     brainstate.random.seed(seed)
 
 
+def test_a_mesh_from_jax_make_mesh_trains_like_one_device(runs):
+    """jax.make_mesh gives Explicit axes, which the step's sharding constraints refused
+    in its first tracing (a ShardingTypeError); the trainer uses the same axes as Auto."""
+    for name, result in runs["explicit_mesh"].items():
+        assert set(result["given"]) == {"AxisType.Explicit"} and set(result["used"]) == {"AxisType.Auto"}, name
+        assert result["devices"] == (4 if name == "batch" else 2)
+        assert result["weights"] < 1e-10, name
+        four, one = result["evaluate"]
+        for key in one:
+            np.testing.assert_allclose(four[key], one[key], rtol=1e-12)
+        assert result["predict"] < 1e-12
+
+
+@pytest.mark.parametrize("where", ["validation_data", "evaluate", "predict"])
+def test_process_local_data_is_refused_where_it_would_be_read_whole(where):
+    """Only fit's training batches are process shares: evaluating a ProcessLocal read each
+    process's share as the whole data, and two processes logged different val_loss."""
+    x = np.zeros((4, 5, 3), np.float32)
+    y = np.zeros(4, int)
+    trainer = ef.Trainer(ef.Sequential(layers.GRUCell(3, 4), layers.Linear(4, 2)))
+    local = distributed.ProcessLocal([(x, y)])
+    calls = {"validation_data": lambda: trainer.fit(x, y, validation_data=local, epochs=1, verbose=0),
+             "evaluate": lambda: trainer.evaluate(local, verbose=0),
+             "predict": lambda: trainer.predict(distributed.ProcessLocal([x]), verbose=0)}
+    name = {"validation_data": "validation_data", "evaluate": "evaluate's x", "predict": "predict's x"}[where]
+    with pytest.raises(ConfigError, match=f"^{name} is a ProcessLocal, .* the same in every process"):
+        calls[where]()
+    assert trainer.iterations == 0
+
+
 def test_learned_time_constants_are_floored_on_four_devices(runs):
     """layers.Constrained's projection runs in the split step too (the step and
     update_every): every τ pushed past zero is back at 0.1 dt."""

@@ -61,6 +61,17 @@ def test_each_process_feeding_its_half_of_every_batch_trains_like_whole_batches(
     for key, value in single["local_weights"].items():
         np.testing.assert_allclose(first["local_weights"][key], value, rtol=1e-10, atol=1e-14)
         np.testing.assert_array_equal(second["local_weights"][key], first["local_weights"][key])
+    for result in (first, second):  # the global batch of 8, not a process's share of 4
+        assert "at batch 8: 4 per device" in result["local_report"], result["local_report"]
+
+
+def test_process_shares_of_an_odd_size_train_like_whole_batches(outputs):
+    """Each process's 3 rows make a global batch of 6, which splits over the 2 devices:
+    the check before training read the share of 3 as the batch (refused it)."""
+    _, single, first, second = outputs
+    for key, value in single["odd_share_weights"].items():
+        np.testing.assert_allclose(first["odd_share_weights"][key], value, rtol=1e-10, atol=1e-14)
+        np.testing.assert_array_equal(second["odd_share_weights"][key], first["odd_share_weights"][key])
 
 
 def test_history_evaluate_and_predict_match_in_every_process(outputs):
