@@ -93,5 +93,6 @@ def gradient_fidelity(
     if isinstance(model, Learner) and model.step_fn is not None:  # the same traced step, under BPTT
         example = jax.tree.map(lambda x: x[0], xs)
         bptt = compile(network, example, step_loss, algo="bptt", step_fn=model.step_fn)
-    online, reference = run(model, algo, **options), run(bptt, "bptt")
+    # A learner compiled for BPTT takes no algo (its rule is compiled in): "hybrid", the default, says none.
+    online, reference = run(model, algo, **options), run(bptt, "hybrid" if isinstance(bptt, Learner) else "bptt")
     return {format_path(path): _compare(_flat(online[path]), _flat(reference[path])) for path in reference}

@@ -83,6 +83,23 @@ def test_the_online_gradient_with_a_rate_penalty_equals_bptt_in_float64(loss_on)
                                            err_msg=str(path))
 
 
+def test_gradient_fidelity_measures_a_trainer_with_a_regulariser():
+    """A regulariser compiles the trainer's step with a ``step_fn``; measuring its
+    fidelity compiled the BPTT reference alike and then passed it ``algo="bptt"``,
+    which a compiled learner refuses: ``trainer.gradient_fidelity`` and the
+    ``GradientFidelity`` callback failed on every such trainer (a mesh audit found it).
+    D-RTRL is exact here (the test above), so every cosine is 1."""
+    with brainstate.environ.context(precision=64, dt=1.0):
+        trainer = ef.Trainer(_model(np.float64, readout="linear"), algo="d_rtrl", loss="cross_entropy",
+                             loss_on="all", regularizers=[FiringRateRegularizer(target=0.3, strength=2.0)])
+        x, y = _data(8)
+        fidelity = trainer.gradient_fidelity(x, y)
+        assert set(fidelity) == {"layers.0.weight", "layers.2.weight"}
+        for path, measured in fidelity.items():
+            assert measured.cosine == pytest.approx(1.0, abs=1e-9), path
+            assert measured.norm_ratio == pytest.approx(1.0, rel=1e-6), path
+
+
 def test_the_penalty_changes_the_gradient_of_the_weights_into_the_layer():
     """Guard against a penalty that never reaches the gradient: with and without it the
     input weights' gradients differ (same batch, same weights)."""
