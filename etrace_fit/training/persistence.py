@@ -313,6 +313,12 @@ class Persistence:
                               f" of which {callables} are functions (code, which a checkpoint does not hold); pass "
                               f"the metrics again: Trainer.load(path, model, metrics=[...])")
         config.update(overrides)
+        from .trainer import unread_settings  # (the Trainer imports this module)
+
+        for name in unread_settings(config.get("algo", "hybrid"), decay=config.get("decay"),
+                                    memory_budget=config.get("memory_budget")):
+            if name not in overrides:  # saved before the Trainer refused it (it was ignored): it stays ignored
+                config.pop(name)
         saved_optimizer = config.pop("optimizer", None)
         trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)
         trainer._restore(path, note_learning_rate=optimizer is not None)  # a rate you gave, replaced: say so

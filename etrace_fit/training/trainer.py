@@ -165,6 +165,23 @@ def _shape_key(tree: Any) -> tuple:
                  for leaf in jax.tree.leaves(tree))
 
 
+_READ_BY = {"decay": "is ES-D-RTRL's trace decay (read by algo='esd_rtrl' and 'hybrid', and by a dict of rules)",
+            "memory_budget": "is the trace memory algo='hybrid' may spend on D-RTRL"}
+
+
+def unread_settings(algo: Any, **settings: Any) -> list[str]:
+    """The names among ``settings`` (``decay``, ``memory_budget``) that are given but
+    that ``algo`` does not read: a decay under BPTT (no traces) or D-RTRL, a memory
+    budget under anything but hybrid (the CLI refuses its ``--memory-budget`` alike)."""
+    unread = []
+    named = algo if isinstance(algo, str) else None
+    if settings.get("decay") is not None and (sequence_algo(algo) is not None or named == "d_rtrl"):
+        unread.append("decay")
+    if settings.get("memory_budget") is not None and named is not None and named != "hybrid":
+        unread.append("memory_budget")
+    return unread
+
+
 class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
     """Trains a ``brainstate`` model on sequences with an online rule (or BPTT).
 
@@ -184,7 +201,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             By default ``["accuracy"]`` for a classification loss (the cross-entropies)
             and none for another (Keras has none; a regression's "accuracy" means
             nothing); ``None`` or ``[]``: none.
-        decay: ES-D-RTRL's smoothing factor α.
+        decay: ES-D-RTRL's smoothing factor α (for ``"esd_rtrl"``, ``"hybrid"`` or a dict of
+            rules; given with ``"bptt"`` or ``"d_rtrl"``, which do not read it: ``ConfigError``).
         loss_on: ``"last"`` (the last step), ``"all"`` (every step, averaged) or
             ``"mask"`` (the steps a per-batch mask marks, averaged per sequence).
         time_major: whether arrays are ``(time, batch, ...)`` instead of ``(batch, time, ...)``.
@@ -282,6 +300,10 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if trace_dtype is not None and sequence_algo(algo) is not None:
             raise ConfigError(f"trace_dtype={trace_dtype.name!r} sets the eligibility traces' dtype, but algo={algo!r} "
                               f"keeps no traces (it would be ignored); drop it, or use an online rule")
+        given = {"decay": decay, "memory_budget": memory_budget}
+        for name in unread_settings(algo, **given):
+            raise ConfigError(f"{name}={given[name]!r} {_READ_BY[name]}, but algo={algo!r} does not read it (it "
+                              f"would be ignored); drop it, or use algo='hybrid'")
         if not isinstance(stateful, bool):
             raise ConfigError(f"stateful must be True or False, got {stateful!r}")
         if not isinstance(stop_on_nonfinite, bool):

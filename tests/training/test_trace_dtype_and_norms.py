@@ -4,6 +4,7 @@ warning ``fit`` gives when they near overflow (references: numpy in float64, BPT
 import warnings
 
 import brainstate
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -177,6 +178,38 @@ def test_a_trace_dtype_under_bptt_is_refused_not_ignored():
                                           r"algo='bptt' keeps no traces"):
         ef.Trainer(_model(), algo="bptt", trace_dtype="bfloat16")
     assert ef.Trainer(_model(), algo="d_rtrl", trace_dtype="bfloat16").trace_dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("algo, setting, value", [("bptt", "decay", 0.5), ("tbptt:5", "decay", 0.5),
+                                                   ("d_rtrl", "decay", 0.5), ("bptt", "memory_budget", "1MB"),
+                                                   ("d_rtrl", "memory_budget", "1MB"),
+                                                   ("esd_rtrl", "memory_budget", "1MB")])
+def test_a_setting_the_algo_does_not_read_is_refused_not_ignored(algo, setting, value):
+    """As ``trace_dtype`` under BPTT (and the command's ``--memory-budget``): ES-D-RTRL's
+    decay under BPTT or D-RTRL, and a memory budget under any algo but hybrid, were
+    accepted and had no effect."""
+    with pytest.raises(ConfigError, match=rf"{setting}={value!r} is .*, but algo={algo!r} does not read it \(it "
+                                          rf"would be ignored\); drop it, or use algo='hybrid'"):
+        ef.Trainer(_model(), algo=algo, **{setting: value})
+    ef.Trainer(_model(), algo="hybrid", **{setting: value})
+    if setting == "decay":
+        ef.Trainer(_model(), algo="esd_rtrl", decay=value)
+
+
+def test_a_checkpoint_loaded_under_an_algo_that_does_not_read_its_saved_decay_loads(tmp_path):
+    """``Trainer.load(path, model, algo="bptt")`` of a hybrid run saved with a decay (to
+    compare a trained model under BPTT): the saved decay is not the user's setting, and
+    BPTT ignores it as it always did; a decay passed with the algo is refused."""
+    x, y = _data(8)
+    trainer = ef.Trainer(_model(), algo="hybrid", decay=0.5, memory_budget="1MB", optimizer="sgd")
+    trainer.train_on_batch(x, y)
+    trainer.save(tmp_path / "run")
+    loaded = ef.Trainer.load(tmp_path / "run", _model(), algo="bptt")
+    assert loaded.algo == "bptt" and loaded.decay is None and loaded.memory_budget is None
+    for path, weight in trainer.get_weights().items():
+        jax.tree.map(np.testing.assert_array_equal, loaded.get_weights()[path], weight)
+    with pytest.raises(ConfigError, match="decay=0.5 is ES-D-RTRL's trace decay"):
+        ef.Trainer.load(tmp_path / "run", _model(), algo="bptt", decay=0.5)
 
 
 def test_bfloat16_traces_keep_a_slow_units_decay():
