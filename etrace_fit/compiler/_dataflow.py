@@ -10,7 +10,7 @@ from jax import lax
 from .. import _compat
 from ..ops import etp_op_info
 
-__all__ = ["carries_derivative", "cut_step", "is_boundary", "is_elementwise", "is_etp", "reached"]
+__all__ = ["carries_derivative", "cut_step", "is_boundary", "is_elementwise", "is_etp", "memory_values", "reached"]
 
 # Primitives that act on each unit on its own (broadcasting a per-unit value over the
 # batch included), so a dependency through them stays within a unit.
@@ -34,6 +34,24 @@ def reached(jaxpr: Any, starts: Any, after: int = -1, differentiable: bool = Fal
         if index > after and any(not isinstance(v, _compat.Literal) and v in found for v in eqn.invars):
             found.update(eqn.outvars)
     return found
+
+
+def memory_values(module: Any) -> set:
+    """The new values of the hidden states that carry a derivative to a later step:
+    a state whose previous value the step reads, with a derivative, into its output or
+    into the new value of such a state. A spike kept for a detached reset (read under
+    ``stop_gradient`` only) or for recording carries none: whatever reaches it acts on
+    the loss within its step alone, so its one-step gradient is exact."""
+    hidden = [s for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)]
+    reach = {id(s): reached(module.jaxpr, [s.in_vars[0]], differentiable=True) - {s.in_vars[0]} for s in hidden}
+    wanted = {v for v in module.output_vars if not isinstance(v, _compat.Literal)}
+    carrying: list = []
+    while True:
+        more = [s for s in hidden if s not in carrying and reach[id(s)] & wanted]
+        if not more:
+            return {s.out_vars[0] for s in carrying}
+        carrying += more
+        wanted |= {s.out_vars[0] for s in more}
 
 
 def carries_derivative(var: Any) -> bool:

@@ -15,11 +15,11 @@ from .. import _compat
 from ..ops import etp_op_info
 from ._dataflow import carries_derivative, is_boundary, is_elementwise, reached
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
-from .hidden_groups import HiddenGroup
+from .hidden_groups import HiddenGroup, _dependencies
 from .module_info import ModuleInfo
 from .relations import Relation
 
-__all__ = ["approximations"]
+__all__ = ["affected_states", "approximations", "state_feeds"]
 
 DENSE_RECURRENCE = "dense_recurrence"
 LATER_MEMORY = "later_memory"
@@ -41,33 +41,38 @@ def approximations(
     state_of = {s.path: s for s in module.hidden}
     new_value_group = {state_of[p].out_vars[0]: g.index for g in groups for p in g.paths
                        if not isinstance(state_of[p].out_vars[0], _compat.Literal)}
-    # group -> the values its previous values reach with a derivative, at any depth (a recurrent
+    # state -> the values its previous value reaches with a derivative, at any depth (a recurrent
     # spike read under stop_gradient, as e-prop's detached reset, is no dense recurrence)
-    reads_previous = {}
-    for group in groups:
-        reached = _reached(module, (state_of[p].in_vars[0] for p in group.paths), differentiable=True)
-        reads_previous[group.index] = reached
+    previous = _previous_reach(module, groups)
+    feeds = state_feeds(module, groups, previous)
     eqns = module.jaxpr.eqns
     weight_uses, untraced = _plain_uses(module, relations)
-    recurring = _dense_recurrence(module, relations, reads_previous)
+    recurring, recurrence_sources = _dense_recurrence(module, groups, relations, previous)
+    mixing_sources = _mixing_sources(module)
 
     records = []
     for relation in relations:
         name = format_path(relation.weight_path)
         eqn = eqns[relation.eqn_index]
         own = set(relation.hidden_groups)
-        after_y = _reached(module, eqn.outvars, after=relation.eqn_index)
+        after_y = _reached(module, eqn.outvars, after=relation.eqn_index, differentiable=True)
+        # The weight's trace is zero on the states of its groups its effect never reaches (a
+        # trace state beside the membrane it is driven by): an off-diagonal Jacobian, or a
+        # later memory, read off those states alone meets a zero trace, so only the paths
+        # out of the states it reaches count.
+        affected = affected_states(module, groups, relation, feeds)
         others = {new_value_group[v] for v in after_y if v in new_value_group} - own
-        for g in own:
-            others |= {new_value_group[v] for v in reads_previous[g] if v in new_value_group} - own
+        for p in affected:
+            others |= {new_value_group[v] for v in previous[p] if v in new_value_group} - own
         if others:
             names = ", ".join(groups[g].name for g in sorted(others))
             records.append(_record(relation, LATER_MEMORY, (
                 f"{name} also shapes the memory of {names}; the traces follow its own hidden group only, so "
                 f"its effect on later steps through that memory is dropped (exact would need BPTT)"),
                 groups=tuple(sorted(others))))
-        recurrent = [g for g in own if recurring.get(g, ()) and relation.eqn_index in recurring[g]]
-        through = [g for g in own if recurring.get(g, ()) and relation.eqn_index not in recurring[g]]
+        recurring_here = [g for g in own if recurring.get(g, ()) and recurrence_sources[g] & affected]
+        recurrent = [g for g in recurring_here if relation.eqn_index in recurring[g]]
+        through = [g for g in recurring_here if relation.eqn_index not in recurring[g]]
         if recurrent:
             records.append(_record(relation, DENSE_RECURRENCE, (
                 f"{name}'s input reads the previous state of {groups[recurrent[0]].name} it drives (dense "
@@ -79,7 +84,7 @@ def approximations(
                 f"{name} drives {groups[through[0]].name}, whose units drive each other through {weights} (dense "
                 f"recurrence): the traces keep the per-unit (diagonal) part of the Jacobian only, so {name}'s "
                 f"effect on later steps through the other units is dropped")))
-        mixing = [g for g in own if not groups[g].elementwise]
+        mixing = [g for g in own if not groups[g].elementwise and mixing_sources & affected]
         if mixing:
             records.append(_record(relation, NON_ELEMENTWISE, (
                 f"the units of {groups[mixing[0]].name}, which {name} drives, mix within a step through an op "
@@ -101,13 +106,17 @@ def approximations(
     return tuple(records)
 
 
-def _dense_recurrence(module: ModuleInfo, relations: tuple[Relation, ...], reads_previous: dict) -> dict:
+def _dense_recurrence(module: ModuleInfo, groups: tuple[HiddenGroup, ...], relations: tuple[Relation, ...],
+                      previous: dict) -> tuple[dict, dict]:
     """``{group: {equation index}}``: the dense or convolution ops into a group whose
-    input reads that group's previous state (a recurrent weight, ``z^{t−1} W_rec``).
-    Such a group's units drive each other from step to step, so the trace of *every*
-    weight into it (the input weight, a learned time constant, a bias) misses the
-    off-diagonal part of its Jacobian, not only the recurrent weight's."""
+    input reads that group's previous state (a recurrent weight, ``z^{t−1} W_rec``);
+    and ``{group: {state path}}``: the states whose previous values that input reads.
+    Such a group's units drive each other from step to step, so the trace of every
+    weight into it whose effect reaches those states (the input weight, a learned time
+    constant, a bias) misses the off-diagonal part of its Jacobian, not only the
+    recurrent weight's."""
     found: dict = {}
+    sources: dict = {}
     for relation in relations:
         if relation.op_kind == "elementwise":  # a per-unit product with the previous state is diagonal
             continue
@@ -116,8 +125,55 @@ def _dense_recurrence(module: ModuleInfo, relations: tuple[Relation, ...], reads
         if x_var is None or isinstance(x_var, _compat.Literal):
             continue
         for g in relation.hidden_groups:
-            if x_var in reads_previous[g]:
+            read = {p for p in groups[g].paths if x_var in previous[p]}
+            if read:
                 found.setdefault(g, set()).add(relation.eqn_index)
+                sources.setdefault(g, set()).update(read)
+    return found, sources
+
+
+def _mixing_sources(module: ModuleInfo) -> set:
+    """The hidden states whose previous values reach a new hidden value through an op
+    that mixes units (not an ETP op): the sources of a group's off-diagonal Jacobian."""
+    deps = _dependencies(module)
+    hidden = module.hidden
+    return {hidden[j].path for state in hidden if not isinstance(state.out_vars[0], _compat.Literal)
+            for j, elementwise in deps.get(state.out_vars[0], {}).items() if not elementwise}
+
+
+def _previous_reach(module: ModuleInfo, groups: Iterable[HiddenGroup]) -> dict:
+    """``{state path: the values its previous value reaches with a derivative}``."""
+    state_of = {s.path: s for s in module.hidden}
+    return {path: _reached(module, [state_of[path].in_vars[0]], differentiable=True)
+            for group in groups for path in group.paths}
+
+
+def state_feeds(module: ModuleInfo, groups: Iterable[HiddenGroup], previous: dict | None = None) -> dict:
+    """``{state path: the states of its group whose new values its previous value reaches
+    with a derivative}``: the group's transition, state by state."""
+    groups = tuple(groups)
+    previous = _previous_reach(module, groups) if previous is None else previous
+    state_of = {s.path: s for s in module.hidden}
+    return {path: {q for q in group.paths if state_of[q].out_vars[0] in previous[path]}
+            for group in groups for path in group.paths}
+
+
+def affected_states(module: ModuleInfo, groups: tuple[HiddenGroup, ...], relation: Relation,
+                    feeds: dict | None = None) -> set:
+    """The states of ``relation``'s hidden groups that its weight's effect reaches: those
+    its op's output reaches within the step, and every state they feed, step after step
+    (:func:`state_feeds`). The weight's trace is zero on the others."""
+    feeds = state_feeds(module, groups) if feeds is None else feeds
+    state_of = {s.path: s for s in module.hidden}
+    after_y = _reached(module, module.jaxpr.eqns[relation.eqn_index].outvars, after=relation.eqn_index,
+                       differentiable=True)
+    start = {p for g in relation.hidden_groups for p in groups[g].paths if state_of[p].out_vars[0] in after_y}
+    found, stack = set(start), list(start)
+    while stack:
+        for q in feeds.get(stack.pop(), ()):
+            if q not in found:
+                found.add(q)
+                stack.append(q)
     return found
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _compat
 from ..ops import etp_op_info
-from ._dataflow import cut_step, is_boundary, is_etp, reached
+from ._dataflow import cut_step, is_boundary, is_etp, memory_values, reached
 from .diagnostics import Diagnostic, DiagnosticKind, Level, format_path
 from .hidden_groups import HiddenGroup
 from .module_info import ModuleInfo
@@ -367,7 +367,7 @@ def _untraced_weights(module: ModuleInfo, consumed: set) -> list[Diagnostic]:
     """Weights (or leaves of them) that no ETP op uses: plain ``jnp`` use, or unused."""
     used = {v for eqn in module.jaxpr.eqns for v in eqn.invars if not isinstance(v, _compat.Literal)}
     used |= {v for v in module.jaxpr.outvars if not isinstance(v, _compat.Literal)}
-    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+    hidden_new = memory_values(module)  # a state read by no later step's derivative is no memory to trace
     records = []
     for state in module.weights:
         for var, leaf in zip(state.in_vars, state.leaf_names):
@@ -382,7 +382,8 @@ def _untraced_weights(module: ModuleInfo, consumed: set) -> list[Diagnostic]:
                            f"it gets the one-step gradient (route it through etrace_fit.ops to trace it)")
             else:  # a readout written with plain jnp (brainstate.nn.Linear): nothing to trace
                 kind, message = DiagnosticKind.EXCLUDED_NON_TEMPORAL, (
-                    f"{where} is used through plain jnp ops that reach the step's output but no hidden state; "
+                    f"{where} is used through plain jnp ops that reach the step's output but no hidden state a later "
+                    f"step reads with a derivative; "
                     f"its instantaneous gradient is exact")
             records.append(Diagnostic(kind, message, weight_path=state.path))
     return records

@@ -5,8 +5,9 @@ what is memory, what is a plain use of a weight). Where they find nothing, D-RTR
 gradient for a weight is claimed to be BPTT's, which rests on three facts about one
 step (docs/theory.md §5.4):
 
-1. each hidden group the weight drives recurs per unit: ``∂h^t/∂h^{t−1}`` is the
-   per-unit ``D`` the rules build;
+1. each hidden group the weight drives recurs per unit on the states its effect
+   reaches (``fidelity.affected_states``; its trace is zero on the others):
+   ``∂h^t/∂h^{t−1}`` in directions on those states is the per-unit ``D`` the rules build;
 2. the weight's whole one-step effect on those groups is ``Df ⊙ ∂y`` (``∂y`` its op's
    output moved by the weight, ``Df`` the per-unit transition from ``y``): no other
    path, no mixing of units after the op;
@@ -37,6 +38,7 @@ import numpy as np
 
 from .. import _compat
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
+from .fidelity import affected_states, state_feeds
 from .hidden_groups import HiddenGroup, group_jacobian
 from .module_info import ModuleInfo
 from .relations import Relation
@@ -133,9 +135,20 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
         new = {s.path: outs[num_outputs + positions[s.path]] for s in carried}
         return new, [found[v] for v in captures]
 
-    own_groups = {path: sorted({g for r in relations if path in r.weight_paths for g in r.hidden_groups})
-                  for path in exact}
-    checked_groups = sorted({g for gs in own_groups.values() for g in gs})
+    # Per weight and group, the states its effect reaches (fidelity.affected_states): the
+    # group's Jacobian must be per unit on those columns; the others meet a zero trace.
+    feeds = state_feeds(module, groups)
+    own_states: dict = {}
+    for path in exact:
+        for relation in relations:
+            if path in relation.weight_paths:
+                reach = affected_states(module, groups, relation, feeds)
+                for g in relation.hidden_groups:
+                    mask = own_states.setdefault(path, {}).get(g, (False,) * groups[g].num_states)
+                    own_states[path][g] = tuple(m or p in reach for m, p in zip(mask, groups[g].paths))
+    own_groups = {path: sorted(own_states.get(path, {})) for path in exact}
+    columns = {path: {g: (g, mask) for g, mask in own_states.get(path, {}).items()} for path in exact}
+    checked = sorted({key for by_group in columns.values() for key in by_group.values()})
     # The random directions, drawn here: drawn inside the program, each draw compiled a
     # random-bit generator of its own (most of the program's compile).
     rng = np.random.default_rng(seed + 1)
@@ -143,8 +156,11 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
     def direction(value):
         return rng.standard_normal(value.shape).astype(value.dtype)
 
-    group_directions = {g: direction(np.stack([states_at[positions[p]] for p in groups[g].paths], axis=-1))
-                        for g in checked_groups}
+    def masked(key):  # a random tangent on the states the weight reaches, zero on the others
+        value = direction(np.stack([states_at[positions[p]] for p in groups[key[0]].paths], axis=-1))
+        return value * np.asarray(key[1], value.dtype)
+
+    group_directions = {key: masked(key) for key in checked}
     weight_directions = {path: [direction(states_at[positions[path] + n]) for n in range(len(weight_of[path].in_vars))
                                 if np.issubdtype(states_at[positions[path] + n].dtype, np.inexact)]
                          for path in exact}
@@ -152,10 +168,10 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
     def probes(states_at, inputs_at, group_directions, weight_directions):
         results = {}
         # Facts 1 and 3 for each group: a random tangent on its previous states.
-        for g in checked_groups:
-            group = groups[g]
+        for key in checked:
+            group = groups[key[0]]
             h_prev = jnp.stack([states_at[positions[p]] for p in group.paths], axis=-1)
-            r = group_directions[g]
+            r = group_directions[key]
 
             def from_group(h):
                 leaves = list(states_at)
@@ -167,8 +183,8 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
             D = group_jacobian(module, group, states_at, inputs_at)
             predicted = jnp.einsum("...sr,...r->...s", D, r)
             true = jnp.stack([moved[p] for p in group.paths], axis=-1)
-            results[("D", g)] = (true, predicted)
-            results[("reach_h", g)] = {s.path: moved[s.path] for s in carried if s.path not in group.paths}
+            results[("D", key)] = (true, predicted)
+            results[("reach_h", key)] = {s.path: moved[s.path] for s in carried if s.path not in group.paths}
         # Fact 2 and 3 for each weight: a random tangent on all its leaves.
         for path in exact:
             state = weight_of[path]
@@ -206,7 +222,7 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
 
     program = jax.jit(probes, compiler_options=_compat.quick_compile_options())
     results = program(states_at, inputs_at, group_directions, weight_directions)
-    return _verdicts(groups, relations, exact, own_groups, results)
+    return _verdicts(groups, relations, exact, own_groups, columns, results)
 
 
 def _random_point(module: ModuleInfo, state_leaves: list, input_leaves: list, seed: int) -> tuple[list, list]:
@@ -253,7 +269,7 @@ def _share(part: Any, whole: float, tolerance: float) -> float:
     return 0.0 if norm <= tolerance * math.sqrt(max(part.size, 1)) else norm / (norm + whole)
 
 
-def _verdicts(groups, relations, exact, own_groups, results) -> tuple[Diagnostic, ...]:
+def _verdicts(groups, relations, exact, own_groups, columns, results) -> tuple[Diagnostic, ...]:
     found = []
     for path, later in exact.items():
         problems = []
@@ -261,7 +277,7 @@ def _verdicts(groups, relations, exact, own_groups, results) -> tuple[Diagnostic
         allowed = {p for g in (*own, *later) for p in groups[g].paths}
         tolerance = _tolerance(groups[own[0]].dtype) if own else 1e-3
         for g in own:
-            miss = _miss(*results[("D", g)], tolerance)
+            miss = _miss(*results[("D", columns[path][g])], tolerance)
             if miss > tolerance:
                 problems.append(
                     f"the step's Jacobian of {groups[g].name} on its previous states is not the per-unit D the traces "
@@ -276,8 +292,8 @@ def _verdicts(groups, relations, exact, own_groups, results) -> tuple[Diagnostic
             if state_path not in allowed and _share(value, scale, tolerance) > tolerance:
                 problems.append(f"it moves {format_path(state_path)} within one step, a memory no pass reported")
         for g in own:
-            scale = float(np.linalg.norm(np.asarray(results[("D", g)][0], np.float64)))
-            for state_path, value in results[("reach_h", g)].items():
+            scale = float(np.linalg.norm(np.asarray(results[("D", columns[path][g])][0], np.float64)))
+            for state_path, value in results[("reach_h", columns[path][g])].items():
                 if state_path not in allowed and _share(value, scale, tolerance) > tolerance:
                     problems.append(f"{groups[g].name}'s previous states move {format_path(state_path)} within one "
                                     f"step, a memory no pass reported")

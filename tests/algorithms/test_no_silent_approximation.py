@@ -49,6 +49,8 @@ BUILDERS = {
     "norm_leaky_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
                                                 L.LayerNorm(H), L.LeakyRateReadout(H, O, tau=5.0,
                                                                                      w_init=rand(2, H, O))),
+    "trace_after_recurrence": lambda: ef.Sequential(lin(I, H, 7, 2.0), TraceAfterRecurrence(), lin(H, O, 2)),
+    "detached_spike_threshold": lambda: ef.Sequential(lin(I, H, 7, 2.0), DetachedSpikeThreshold(), lin(H, O, 2)),
 }
 H = 8
 
@@ -109,6 +111,47 @@ class DetachedRecurrentLIF(L.Neuron):
         return self.spike.value
 
 
+class TraceAfterRecurrence(L.Neuron):
+    """A recurrent LIF whose output is a low-pass trace of its membrane with a learned
+    time constant (a random draw of ``test_random_models``): the recurrence reads the
+    membrane's spike only, and the trace drives nothing back, so the trace's τ is exact
+    (its trace is zero on the membrane, where the units mix). Every weight into the
+    group had been named for the dense recurrence, τ too."""
+
+    def __init__(self):
+        super().__init__(H)
+        self.recurrent = L.Linear(H, H, w_init=rand(9, H, H, scale=0.8 / np.sqrt(H)), with_bias=False)
+        self.tau = L.time_constant(self, np.linspace(3.0, 8.0, H), H, learn=True)
+        self.hidden("V")
+        self.hidden("trace")
+
+    def update(self, x):
+        surrogate = L.Sigmoid()
+        z_prev = surrogate(self.V.value - 0.5)
+        self.V.value = 0.9 * self.V.value + x + self.recurrent(z_prev) - 0.5 * z_prev
+        self.trace.value = L.decay(self, self.tau) * self.trace.value + self.V.value
+        return jax.numpy.tanh(self.trace.value)
+
+
+class DetachedSpikeThreshold(L.Neuron):
+    """SpikingJelly's ``detach_reset``: the spike kept as a state for the next step's
+    reset is read there under ``stop_gradient``, and the learned threshold is read raw.
+    The spike state carries no derivative to a later step, so the raw read's one-step
+    gradient is exact; it had been named as a plain use that reaches a hidden state."""
+
+    def __init__(self):
+        super().__init__(H)
+        self.thr = L.parameter(self, np.linspace(0.4, 0.6, H), H, learn=True, what="threshold")
+        self.hidden("V")
+        self.hidden("spike")
+
+    def update(self, x):
+        surrogate = L.Sigmoid()
+        self.V.value = 0.9 * self.V.value + x - 0.5 * jax.lax.stop_gradient(self.spike.value)
+        self.spike.value = surrogate(self.V.value - self.thr.value)
+        return self.spike.value
+
+
 X_SHAPES = {"conv1d_lif": MODELS["conv1d_lif"][1]}
 
 
@@ -148,8 +191,12 @@ def test_every_inexact_weight_is_named(name, algo):
                 assert path in listed, (path, listed)
                 break
     if name in ("lif", "alif_learn_tau", "conv1d_lif", "shared_weight", "rate_readout", "detached_recurrent",
-                "plain_readout") and algo != "esd_rtrl":
+                "plain_readout", "detached_spike_threshold") and algo != "esd_rtrl":
         assert inexact == [] and named == ""  # exact models stay silent (a learned readout τ's memory is followed)
+    if name == "trace_after_recurrence" and algo != "esd_rtrl":
+        assert "layers.1.tau" not in inexact and "the online gradient of layers.1.tau is" not in named
+        assert "layers.1.recurrent.weight" in inexact
     if name in ("gru", "two_lif", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
-                "split_recurrent", "lora_two_lif", "mixed_threshold", "lru_leaky_readout", "norm_leaky_readout"):
+                "split_recurrent", "lora_two_lif", "mixed_threshold", "lru_leaky_readout", "norm_leaky_readout",
+                "trace_after_recurrence"):
         assert inexact, "this model was expected to have an approximate weight"
