@@ -18,6 +18,10 @@ neuron or wire populations:
   membrane (mixes units) or a mean over the batch, A → B through a ``Linear``, a
   ``Linear`` also read transposed (a tied weight), or per unit; B → A feedback, an
   input into B, a skip, and a readout of B or of both.
+- ``stack``: one or two blocks of the library's layers (LIF, ALIF, IF with a learned τ,
+  a soft or hard, detached or not reset, a refractory period; a recurrent LIF or ALIF;
+  an RNN cell; a synapse before a LIF; an LRU), each maybe followed by a LayerNorm or a
+  tanh, and a linear, leaky-rate or leaky-spike readout.
 """
 
 from __future__ import annotations
@@ -246,7 +250,67 @@ def _populations_spec(rng):
     )
 
 
-FAMILIES = {"neuron": (_neuron_spec, _neuron_model), "populations": (_populations_spec, Populations)}
+CELLS = ("GRUCell", "LSTMCell", "MGUCell", "MinGRUCell", "MinLSTMCell", "MinimalRNNCell", "URLSTMCell",
+         "VanillaRNNCell")
+
+
+def _stack_spec(rng):
+    def block():
+        kind = _pick(rng, ["lif", "alif", "if", "recurrent_lif", "recurrent_alif", "cell", "synapse", "lru"])
+        return dict(kind=kind, cell=_pick(rng, CELLS), learn_tau=bool(rng.integers(2)),
+                    reset=_pick(rng, ["soft", "hard"]), detach_reset=bool(rng.integers(2)),
+                    refractory=int(_pick(rng, [0, 0, 2])),
+                    synapse=_pick(rng, ["ExpSynapse", "AlphaSynapse", "DualExpSynapse"]),
+                    after=_pick(rng, ["none", "none", "none", "layer_norm", "tanh"]))
+
+    return dict(blocks=[block() for _ in range(int(rng.integers(1, 3)))],
+                readout=_pick(rng, ["linear", "linear", "leaky_rate", "leaky_spike"]),
+                readout_learn_tau=bool(rng.integers(2)))
+
+
+def _stack_model(spec, rng):
+    """Library layers stacked as users stack them (weights from ``rng``; the cells' from
+    brainstate's initializers, seeded by the draw)."""
+    layers, width = [], I
+    lif = dict(tau=4.0, v_threshold=0.5, surrogate="sigmoid")
+    for b in spec["blocks"]:
+        neuron = dict(lif, reset=b["reset"], detach_reset=b["detach_reset"], refractory=b["refractory"])
+        linear = L.Linear(width, H, w_init=_normal(rng, width, H, scale=2.0 / np.sqrt(width)),
+                          b_init=_normal(rng, H, scale=0.3))
+        kind = b["kind"]
+        if kind == "lif":
+            layers += [linear, L.LIF(H, learn_tau=b["learn_tau"], **neuron)]
+        elif kind == "alif":
+            layers += [linear, L.ALIF(H, tau_a=8.0, beta=0.3, learn_tau=b["learn_tau"], **neuron)]
+        elif kind == "if":
+            layers += [linear, L.IF(H, v_threshold=0.5, surrogate="sigmoid", reset=b["reset"],
+                                    detach_reset=b["detach_reset"])]
+        elif kind in ("recurrent_lif", "recurrent_alif"):
+            w = _normal(rng, width + H, H, scale=1.5 / np.sqrt(width + H))
+            layers.append(L.RecurrentLIF(width, H, w_init=w, **neuron) if kind == "recurrent_lif" else
+                          L.RecurrentALIF(width, H, w_init=w, tau_a=8.0, beta=0.3, **neuron))
+        elif kind == "cell":
+            layers.append(getattr(L, b["cell"])(width, H))
+        elif kind == "synapse":
+            layers += [linear, getattr(L, b["synapse"])(H, learn_tau=b["learn_tau"]), L.LIF(H, **neuron)]
+        else:
+            layers.append(L.LRU(width, H, H, seed=int(rng.integers(1000))))
+        if b["after"] == "layer_norm":
+            layers.append(L.LayerNorm(H))
+        elif b["after"] == "tanh":
+            layers.append(L.Tanh())
+        width = H
+    w = _normal(rng, width, O, scale=1.0 / np.sqrt(width))
+    layers.append({"linear": lambda: L.Linear(width, O, w_init=w),
+                   "leaky_rate": lambda: L.LeakyRateReadout(width, O, tau=4.0, w_init=w,
+                                                            learn_tau=spec["readout_learn_tau"]),
+                   "leaky_spike": lambda: L.LeakySpikeReadout(width, O, tau=4.0, v_threshold=0.5,
+                                                              surrogate="sigmoid", w_init=w)}[spec["readout"]]())
+    return ef.Sequential(*layers)
+
+
+FAMILIES = {"neuron": (_neuron_spec, _neuron_model), "populations": (_populations_spec, Populations),
+            "stack": (_stack_spec, _stack_model)}
 
 
 def random_model(family: str, seed: int):
@@ -254,4 +318,9 @@ def random_model(family: str, seed: int):
     (weights drawn from ``seed + 1000``, the same each call)."""
     make_spec, make_model = FAMILIES[family]
     spec = make_spec(np.random.default_rng(seed))
-    return spec, lambda: make_model(spec, np.random.default_rng(seed + 1000))
+
+    def build():
+        brainstate.random.seed(seed)  # the cells' and LRU's own initializers
+        return make_model(spec, np.random.default_rng(seed + 1000))
+
+    return spec, build

@@ -7,8 +7,9 @@ is named (a false alarm teaches users to ignore the warning).
 The hand-written cases of ``test_no_silent_approximation.py`` each stand for a defect
 found once; these draws combine the ways users write neurons and wire populations
 (a detached reset, a raw threshold, a trace state after a dense recurrence, a tied
-weight, a refractory counter, a roll or a batch mean of the membrane, ...) into models
-nobody wrote by hand. A draw that breaks the rule prints its choices.
+weight, a refractory counter, a roll or a batch mean of the membrane, ...) and the
+library's layers as users stack them into models nobody wrote by hand. A draw that
+breaks the rule prints its choices.
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ from ._random_models import I, O, random_model
 
 T, B = 8, 3
 NEURONS = (0, 1, 2, 3, 10, 25)  # draws 10 and 25: every weight exact under D-RTRL; the others: some not
-FAST = [("neuron", seed, "d_rtrl") for seed in NEURONS] + [("populations", seed, "d_rtrl") for seed in range(2)]
+STACKS = (0, 23)  # 23: a MinGRU cell before a leaky readout, exact; 0: a MinLSTM cell, then a synapse and a LIF
+FAST = ([("neuron", seed, "d_rtrl") for seed in NEURONS] + [("populations", seed, "d_rtrl") for seed in range(2)]
+        + [("stack", seed, "d_rtrl") for seed in STACKS])
 SLOW = ([("neuron", seed, "d_rtrl") for seed in range(4, 40) if seed not in NEURONS]
         + [("neuron", seed, algo) for seed in range(6) for algo in ("esd_rtrl", "hybrid")]
-        + [("populations", seed, algo) for seed in range(2, 7) for algo in ("d_rtrl", "esd_rtrl", "hybrid")])
+        + [("populations", seed, algo) for seed in range(2, 7) for algo in ("d_rtrl", "esd_rtrl", "hybrid")]
+        + [("stack", seed, "d_rtrl") for seed in range(1, 30) if seed not in STACKS]
+        + [("stack", seed, algo) for seed in range(5) for algo in ("esd_rtrl", "hybrid")])
 # The rule is held on both kinds of draw, not on one only.
-EXACT = {("neuron", 10), ("neuron", 25)}
-APPROXIMATE = {("neuron", 0), ("neuron", 1), ("neuron", 2), ("neuron", 3), ("populations", 0), ("populations", 1)}
+EXACT = {("neuron", 10), ("neuron", 25), ("stack", 23)}
+APPROXIMATE = {("neuron", 0), ("neuron", 1), ("neuron", 2), ("neuron", 3), ("populations", 0), ("populations", 1),
+               ("stack", 0)}
 _CASES: dict = {}
 
 
