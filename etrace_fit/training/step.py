@@ -192,8 +192,16 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
         finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in made_from]))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_values, new_opt_state = keep(new_values, values), keep(new_opt_state, state.opt_state)
-        next_state = TrainState(new_values, new_opt_state, [final[n] for n in others_at], (stream or [None])[0],
-                                rates)
+        # Such a batch changes nothing: the states it moved (a stateful stream's hidden states and traces, a
+        # BatchNorm's running statistics, the running rates) stay where it found them, so a stream goes on
+        # from before it instead of carrying its non-finite values into every later batch.
+        states = keep([final[n] for n in others_at], [state_leaves[n] for n in others_at])
+        new_traces = (stream or [None])[0]
+        if new_traces is not None and traces is not None:
+            new_traces = keep(new_traces, traces)
+        if regularized:
+            rates = keep(rates, state.rates)
+        next_state = TrainState(new_values, new_opt_state, states, new_traces, rates)
         if placement is not None:
             state_axes, trace_axes = axes
             next_state = TrainState(placement.constrain(next_state.weights, None),

@@ -337,6 +337,52 @@ def test_a_batch_with_a_non_finite_loss_is_not_applied_and_is_reported(update_ev
     assert all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(trainer.opt_state))
 
 
+def _poisoned_loss(out, target):  # NaN for a target above 100, else squared error
+    return jnp.where(target > 100, jnp.nan, (out[..., 0] - target) ** 2)
+
+
+def test_a_skipped_batch_of_a_stream_leaves_its_states_and_traces_where_it_found_them():
+    """stateful=True: a non-finite batch kept its weights back but handed its hidden
+    states and traces on, so every later batch of the stream read them (an overflowing
+    trace kept the stream non-finite until reset_states()). Now the stream goes on from
+    before the batch: the next batch trains exactly as if the skipped one had not come."""
+    x, y = _data(8)
+    y = y.astype(np.float32)
+    chunks = [(x[:, k * 4:(k + 1) * 4], np.repeat(y[:, None], 4, axis=1)) for k in range(3)]
+    bad = (chunks[1][0], np.full_like(chunks[1][1], 1e3))
+    runs = {}
+    for name, batches in (("skipped", [chunks[0], bad, chunks[2]]), ("without", [chunks[0], chunks[2]])):
+        trainer = ef.Trainer(_model(), algo="d_rtrl", loss=_poisoned_loss, metrics=[], optimizer=optax.sgd(0.05),
+                             stateful=True, loss_on="all")
+        losses = [float(trainer.train_on_batch(xb, yb)) for xb, yb in batches]
+        runs[name] = trainer, losses
+    (skipped, losses), (without, reference) = runs["skipped"], runs["without"]
+    assert np.isnan(losses[1]) and losses[2] == reference[1]
+    for path, weight in without.get_weights().items():
+        jax.tree.map(np.testing.assert_array_equal, skipped.get_weights()[path], weight)
+    for path, state in without.model.states(brainstate.HiddenState).items():
+        np.testing.assert_array_equal(skipped.model.states(brainstate.HiddenState)[path].value, state.value)
+
+
+def test_a_skipped_batch_leaves_batch_norms_running_statistics_as_they_were():
+    """The running statistics a BatchNorm moves in training are state, not weights: a
+    batch whose update was skipped still moved them (by its own, maybe overflowing,
+    statistics), and evaluation read them."""
+    x, y = _data(8)
+    y = y.astype(np.float32)
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), L.BatchNorm1d(H),
+                          L.LIF(H, tau=10.0), L.Linear(H, 1, w_init=rng.normal(0, 0.3, (H, 1)).astype(np.float32)))
+    trainer = ef.Trainer(model, algo="d_rtrl", loss=_poisoned_loss, metrics=[], optimizer=optax.sgd(0.05))
+    trainer.train_on_batch(x, y)
+    stats = model.layers[1].stats
+    before = jax.tree.map(np.asarray, stats.value)
+    assert np.isnan(float(trainer.train_on_batch(x[:, ::-1] * 3.0, np.full_like(y, 1e3))))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, stats.value), before)
+    trainer.train_on_batch(x[:, ::-1] * 3.0, y)
+    assert not np.allclose(np.asarray(stats.value["mean"]), before["mean"])  # a finite batch moves them
+
+
 def test_batch_logs_are_read_only_floats_that_wait_for_the_device():
     """``on_train_batch_end`` gets a mapping of floats (``raw``: the batch's own device
     scalars); the epoch's logs are the size-weighted means of the batches' own values,
