@@ -968,6 +968,9 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
                         self._check_listed_batches(validation, validation_name)
                 elif not is_array:  # an iterable's batches are checked as they come, before their step
                     self._check_targets(ys, f"y of batch {step}")
+                    if self._placement is not None and not self._local_batches:
+                        self._placement.check_batch(xs.shape[1], f"batch {step} of epoch {epoch + 1} of x "
+                                                                  f"({xs.shape[1]} sequences)")
                     if self.sample_input is None:
                         self.sample_inputs = np.swapaxes(np.asarray(xs[:, :8]), 0, 1)
                         self.sample_input = self.sample_inputs[0]

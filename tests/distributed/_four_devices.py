@@ -235,6 +235,10 @@ def errors():
     # a list whose last batch does not split: refused before the first batch trains
     out["listed_short_batch"] = failure(lambda: ef.Trainer(build(gru), mesh=4),
                                         lambda t: t.fit([(x[:8], y[:8]), (x[8:11], y[8:11])], epochs=1, verbose=0))
+    # a generator's batch that does not split: named by its place, before its step (the one before trained)
+    out["generated_short_batch"] = failure(
+        lambda: ef.Trainer(build(gru), mesh=4),
+        lambda t: t.fit((b for b in [(x[:8], y[:8]), (x[8:14], y[8:14])]), epochs=1, verbose=0))
     return out
 
 

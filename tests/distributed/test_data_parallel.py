@@ -109,6 +109,9 @@ def test_bad_meshes_and_batches_fail_before_training_naming_the_numbers(runs):
     assert listed["error"].startswith("batch 1 of the list (3 sequences) does not split evenly over the 4 devices")
     assert "drop_remainder" not in listed["error"] and "drop or pad a short last one" in listed["error"]
     assert listed["unchanged"] is True
+    generated = errors["generated_short_batch"]
+    assert generated["error"].startswith("batch 1 of epoch 1 of x (6 sequences) does not split evenly over the 4 "
+                                         "devices"), generated["error"]
 
 
 def test_evaluation_of_a_batch_that_does_not_split_runs_replicated(runs):
