@@ -171,11 +171,13 @@ _READ_BY = {"decay": "is ES-D-RTRL's trace decay (read by algo='esd_rtrl' and 'h
 
 def unread_settings(algo: Any, **settings: Any) -> list[str]:
     """The names among ``settings`` (``decay``, ``memory_budget``) that are given but
-    that ``algo`` does not read: a decay under BPTT (no traces) or D-RTRL, a memory
-    budget under anything but hybrid (the CLI refuses its ``--memory-budget`` alike)."""
+    that ``algo`` does not read: a decay under BPTT (no traces), D-RTRL or e-prop (its
+    filter is the readout's κ), a memory budget under anything but hybrid (the CLI
+    refuses its ``--memory-budget`` alike)."""
     unread = []
     named = algo if isinstance(algo, str) else None
-    if settings.get("decay") is not None and (sequence_algo(algo) is not None or named == "d_rtrl"):
+    if settings.get("decay") is not None and (sequence_algo(algo) is not None or named == "d_rtrl"
+                                              or signal_algo(algo) is not None):
         unread.append("decay")
     if settings.get("memory_budget") is not None and named is not None and named != "hybrid":
         unread.append("memory_budget")

@@ -181,7 +181,8 @@ def test_a_trace_dtype_under_bptt_is_refused_not_ignored():
 
 
 @pytest.mark.parametrize("algo, setting, value", [("bptt", "decay", 0.5), ("tbptt:5", "decay", 0.5),
-                                                   ("d_rtrl", "decay", 0.5), ("bptt", "memory_budget", "1MB"),
+                                                   ("d_rtrl", "decay", 0.5), ("eprop", "decay", 0.5),
+                                                   ("bptt", "memory_budget", "1MB"),
                                                    ("d_rtrl", "memory_budget", "1MB"),
                                                    ("esd_rtrl", "memory_budget", "1MB")])
 def test_a_setting_the_algo_does_not_read_is_refused_not_ignored(algo, setting, value):
