@@ -81,6 +81,17 @@ def _states_at(model: Any, batch_size: int, keep_key: bool = True):
             brainstate.random.set_key(key)
 
 
+def frozen_weights(model: Any) -> dict[str, set]:
+    """``{weight path: {leaf}}`` of the leaves the model's layers never train (their
+    ``frozen_leaves()``: a ``LoRALinear``'s base ``W`` unless ``train_base``)."""
+    paths = {id(state): format_path(path) for path, state in model.states(brainstate.ParamState).items()}
+    found: dict[str, set] = {}
+    for node in model.nodes().values():
+        for attribute, leaf in getattr(node, "frozen_leaves", lambda: ())():
+            found.setdefault(paths[id(getattr(node, attribute))], set()).add(leaf)
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledSequence:
     """A model's step compiled for one input shape: the graph traced at that shape, the
@@ -120,6 +131,19 @@ class CompiledSequence:
         values = self.per_state(weight_leaves)
         return self.weight_leaves({path: constrained[path](v) if path in constrained else v
                                    for path, v in values.items()})
+
+    def project(self, weight_leaves, start, frozen: Mapping[str, set] | None = None) -> list:
+        """The weight leaves after an optimizer update: :meth:`constrain_leaves`, then the
+        ``frozen`` leaves (:func:`frozen_weights`) put back to ``start``'s (the leaves
+        before the update), as Keras leaves a non-trainable weight alone: a zero gradient
+        keeps a weight under Adam, not under a decoupled weight decay."""
+        leaves = self.constrain_leaves(weight_leaves)
+        if not frozen:
+            return leaves
+        new, old = self.per_state(leaves), self.per_state(start)
+        return self.weight_leaves({path: {key: old[path][key] if key in frozen.get(format_path(path), ()) else leaf
+                                          for key, leaf in value.items()} if isinstance(value, dict) else value
+                                   for path, value in new.items()})
 
     def per_state(self, weight_leaves) -> dict:
         """Weight leaves (in ``module.weights`` order) regrouped per ParamState path."""

@@ -21,7 +21,7 @@ from .. import _compat
 from ..errors import ConfigError
 from .esd_rtrl import resolve_decay
 from .hybrid import parse_bytes
-from .learner import (CompiledSequence, Learner, _check_batch_axis, _run, check_sequence, compile,
+from .learner import (CompiledSequence, Learner, _check_batch_axis, _run, check_sequence, compile, frozen_weights,
                       warn_approximations, warn_readout_memory_under_updates, warn_unread,
                       warn_weight_maps_under_updates)
 from .registry import ONLINE_ALGOS, check_algo, sequence_algo
@@ -226,9 +226,10 @@ def online_fit(
     def make(compiled):
         if key not in compiled.updates:
             program = compiled.program
+            frozen = frozen_weights(learner.model)  # a LoRA base: kept under weight decay too, as the Trainer does
             compiled.updates[key] = jax.jit(
-                lambda w, s, x, y, o: program.run_with_updates(w, s, x, y, optimizer, o, update_every,
-                                                               project=compiled.constrain_leaves),
+                lambda w, s, x, y, o: program.run_with_updates(
+                    w, s, x, y, optimizer, o, update_every, project=lambda leaves: compiled.project(leaves, w, frozen)),
                 compiler_options=_compat.compiler_options())
         return compiled.updates[key]
 

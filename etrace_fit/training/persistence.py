@@ -377,12 +377,11 @@ def non_trainable_count(model: Any) -> int:
 def frozen_param_count(model: Any) -> int:
     """The numbers of the weights' leaves their layers never train (``frozen_leaves()``:
     a ``LoRALinear``'s base ``W``), which Keras counts as non-trainable params."""
-    count = 0
-    for node in model.nodes().values():
-        for attribute, leaf in getattr(node, "frozen_leaves", lambda: ())():
-            value = getattr(node, attribute).value
-            count += int(np.size(value[leaf] if isinstance(value, dict) else value))
-    return count
+    from ..algorithms.learner import frozen_weights
+
+    values = {format_path(path): state.value for path, state in model.states(brainstate.ParamState).items()}
+    return sum(int(np.size(values[name][leaf] if isinstance(values[name], dict) else values[name]))
+               for name, leaves in frozen_weights(model).items() for leaf in leaves)
 
 
 def _long_term(model: Any) -> dict:

@@ -91,7 +91,7 @@ class StepResult(NamedTuple):
 
 def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any], loss_on: str,
                      update_every: int | None, regularizers: Sequence = (), reset: Reset | None = None,
-                     placement: Any = None, axes: tuple | None = None):
+                     placement: Any = None, axes: tuple | None = None, frozen: Mapping[str, set] | None = None):
     """The whole training step over one batch as one pure jitted function (built once
     per compiled program, i.e. per input shape):
 
@@ -115,7 +115,11 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
 
     ``placement`` (an :class:`etrace_fit.distributed.Placement`) with ``axes`` (the
     batch axis of each hidden-state leaf and of each trace leaf): the next state keeps
-    the states and traces split over the mesh's batch axis and the rest replicated."""
+    the states and traces split over the mesh's batch axis and the rest replicated.
+
+    ``frozen`` (``{weight path: {leaf}}``, :func:`frozen_weights`): leaves no update
+    moves, as Keras leaves a non-trainable weight alone (a ``LoRALinear``'s base: its
+    gradient is zero, but an optimizer's weight decay would shrink it)."""
     regularized = bool(regularizers)
     program, module = compiled.program, compiled.module
     paths = {format_path(s.path): s.path for s in module.weights}
@@ -126,6 +130,9 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     # Keras' constraints, after every update (a learned time constant kept positive)
     constraint_of = {format_path(s.path): s.state.constraint for s in module.weights
                      if isinstance(s.state, Constrained)}
+    frozen = {name: leaves for name, leaves in (frozen or {}).items() if name in paths}
+    projects = bool(constraint_of or frozen)  # (the update's leaves pass through the program's project)
+
     # With the loss at every step nothing is skipped: no per-step branch at all.
     skips = loss_on != "all" and compiled.plan is not None and not regularized
     # The loss at the last step only: the steps before the final chunk evaluate neither
@@ -168,12 +175,15 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
                      for name, value in values.items()}
             updates, new_opt_state = optimizer.update(grads, state.opt_state, values)
             new_values = optax.apply_updates(values, updates)
-            new_values = {name: constraint_of[name](v) if name in constraint_of else v
-                          for name, v in new_values.items()}
+            if projects:
+                projected = compiled.project(compiled.weight_leaves({paths[n]: v for n, v in new_values.items()}),
+                                             weights, frozen)
+                new_values = {format_path(path): v for path, v in compiled.per_state(projected).items()}
         else:  # the optimizer runs inside the scan; its state is over the weight leaves
             weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
                 weights, state_leaves, xs_leaves, targets, optimizer, state.opt_state, every, collect=True,
-                traces=traces, project=compiled.constrain_leaves if constraint_of else None, **options)
+                traces=traces, project=(lambda leaves, start=weights: compiled.project(leaves, start, frozen))
+                if projects else None, **options)
             new_values = dict(values)
             new_values.update({format_path(path): v for path, v in compiled.per_state(weights).items()})
             grads = None

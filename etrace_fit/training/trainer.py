@@ -31,7 +31,7 @@ import optax
 
 from ..algorithms.esd_rtrl import resolve_decay
 from ..algorithms.hybrid import parse_bytes
-from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting,
+from ..algorithms.learner import (_check_batch_axis, _states_at, attribute_snapshot, changed_setting, frozen_weights,
                                   warn_readout_memory_under_updates, warn_weight_maps_under_updates,
                                   check_trace_dtype, compile as compile_learner, layer_nodes)
 from ..algorithms.online import sized_program, temp_bytes
@@ -1055,7 +1055,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """The jitted training step of ``compiled`` (see :func:`.step.build_train_step`)."""
         return build_train_step(compiled, self.optimizer, self.metric_fns, self.loss_on, self.update_every,
                                 regularizers=self.regularizers, reset=self._reset_of(compiled),
-                                placement=self._placement, axes=self._batch_axes_of(compiled))
+                                placement=self._placement, axes=self._batch_axes_of(compiled),
+                                frozen=frozen_weights(self._model))
 
     def _batch_axes(self, compiled) -> tuple | None:
         """With a mesh: the batch axis of each of the training state's hidden-state

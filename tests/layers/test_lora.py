@@ -114,6 +114,45 @@ def test_the_trainer_trains_the_adapter_and_leaves_a_frozen_base_alone():
     assert not np.allclose(np.asarray(layer.lora_b.value), b0)
 
 
+@pytest.mark.parametrize("update_every", [None, 5])
+def test_weight_decay_leaves_a_frozen_base_alone_as_keras_leaves_a_non_trainable_weight(update_every):
+    """AdamW's decoupled weight decay moves every weight it is given, a zero gradient
+    or not: the frozen base shrank by ``lr · wd · W`` per update (fine-tuning with AdamW
+    is the usual LoRA setting). The Trainer keeps it, also between the updates inside a
+    sequence; the adapter and a trained base still move."""
+    with brainstate.environ.context(dt=1.0):
+        xs, ys = _data()
+        x = np.swapaxes(np.asarray(xs), 0, 1).astype(np.float32)
+        y = np.swapaxes(np.asarray(ys), 0, 1).astype(np.float32)
+        for train_base in (False, True):
+            brainstate.random.seed(0)
+            model = _model(train_base=train_base)
+            layer = model.layers[0]
+            base, bias = (np.asarray(layer.weight.value[k]) for k in ("weight", "bias"))
+            trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.adamw(1e-2, weight_decay=0.5), loss="mse",
+                                 loss_on="all", metrics=[], update_every=update_every)
+            trainer.fit(x, y, batch_size=B, epochs=2, verbose=0)
+            moved = not np.array_equal(np.asarray(layer.weight.value["weight"]), base)
+            assert moved == train_base
+            assert not np.allclose(np.asarray(layer.weight.value["bias"]), bias)  # the bias is trained
+
+
+def test_online_fit_with_weight_decay_leaves_a_frozen_base_alone():
+    with brainstate.environ.context(dt=1.0):
+        brainstate.random.seed(0)
+        model = _model()
+        layer = model.layers[0]
+        base, a0 = np.asarray(layer.weight.value["weight"]), np.asarray(layer.lora_a.value)
+        brainstate.nn.init_all_states(model, batch_size=B)
+        xs, ys = _data()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ef.ApproximationWarning)
+            ef.online_fit(model, xs.astype(jnp.float32), ys.astype(jnp.float32), lambda o, y: jnp.sum((o - y) ** 2),
+                          optax.adamw(1e-2, weight_decay=0.5), update_every=5, algo="d_rtrl")
+    np.testing.assert_array_equal(np.asarray(layer.weight.value["weight"]), base)
+    assert not np.allclose(np.asarray(layer.lora_a.value), a0)
+
+
 def test_bad_arguments_name_the_layer():
     with pytest.raises(ConfigError, match="LoRALinear: rank must be a positive int, got 0"):
         L.LoRALinear(I, N, 0)
