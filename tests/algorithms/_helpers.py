@@ -40,7 +40,9 @@ def bptt_fn(model, step_loss, batch_size, initial=None):
     ``brainstate.transform.for_loop`` (independent of the learning rules under test).
 
     The sequence starts from reset states, or, with ``initial`` (``{hidden state path:
-    value}``), from those values. ``targets`` may be None.
+    value}``), from those values. ``targets`` may be None. The model runs in training
+    mode (``brainstate.environ``'s ``fit``), as the rules trace it: a ``BatchNorm``
+    normalises with the batch's statistics, not its running ones.
     """
     params = model.states(brainstate.ParamState)
     hidden = model.states(brainstate.HiddenState)
@@ -51,7 +53,8 @@ def bptt_fn(model, step_loss, batch_size, initial=None):
             if initial is not None:
                 for path, value in initial.items():
                     hidden[path].value = value
-            outs = brainstate.transform.for_loop(model, xs)
+            with brainstate.environ.context(fit=True):
+                outs = brainstate.transform.for_loop(model, xs)
             if targets is None:
                 losses = jax.vmap(lambda o: step_loss(o, None))(outs)
             else:

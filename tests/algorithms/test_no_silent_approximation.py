@@ -43,12 +43,14 @@ BUILDERS = {
     "detached_recurrent": lambda: ef.Sequential(lin(I, H, 7, 2.0), DetachedRecurrentLIF(), lin(H, O, 2)),
     "plain_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
                                            brainstate.nn.Linear(H, O)),
-    # a leaky readout's memory is not followed through an LRU's C or a norm (docs/layers.md says so; BatchNorm
-    # is left out: the BPTT reference here runs it outside fit mode, on its running statistics)
+    # a leaky readout's memory is not followed through an LRU's C or a norm (docs/layers.md says so)
     "lru_leaky_readout": lambda: ef.Sequential(L.LRU(I, H, H), L.LeakyRateReadout(H, O, tau=5.0, w_init=rand(2, H, O))),
     "norm_leaky_readout": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.LIF(H, tau=10.0, surrogate="sigmoid"),
                                                 L.LayerNorm(H), L.LeakyRateReadout(H, O, tau=5.0,
                                                                                      w_init=rand(2, H, O))),
+    # a BatchNorm before the neuron mixes the batch's samples (its statistics), so every weight before it is named
+    "batch_norm_lif": lambda: ef.Sequential(lin(I, H, 7, 2.0), L.BatchNorm1d(H),
+                                            L.LIF(H, tau=10.0, surrogate="sigmoid"), lin(H, O, 2)),
     "trace_after_recurrence": lambda: ef.Sequential(lin(I, H, 7, 2.0), TraceAfterRecurrence(), lin(H, O, 2)),
     "detached_spike_threshold": lambda: ef.Sequential(lin(I, H, 7, 2.0), DetachedSpikeThreshold(), lin(H, O, 2)),
 }
@@ -198,5 +200,5 @@ def test_every_inexact_weight_is_named(name, algo):
         assert "layers.1.recurrent.weight" in inexact
     if name in ("gru", "two_lif", "plain_recurrent", "fused_gate", "recurrent_lif_learn_tau",
                 "split_recurrent", "lora_two_lif", "mixed_threshold", "lru_leaky_readout", "norm_leaky_readout",
-                "trace_after_recurrence"):
+                "trace_after_recurrence", "batch_norm_lif"):
         assert inexact, "this model was expected to have an approximate weight"
