@@ -513,6 +513,7 @@ class Learner:
         if batch != made_for:
             raise ShapeError(f"learner.step: xs has {batch} sequences per step but the state was made for {made_for} "
                              f"(learner.init({made_for})); xs is time-major (T, B, ...)")
+        self._note_changed_weights(state)
         if self.placement is not None:  # the batch (time-major: axis 1) and the state on the mesh
             state = self._placed(state, batch)
             xs = jax.tree.map(lambda a: self.placement.put(a, 1), xs)
@@ -539,7 +540,28 @@ class Learner:
         grads = {name: per_state[path] if path in per_state else jax.tree.map(jnp.zeros_like, state.weights[name])
                  for name, path in ((n, paths.get(n)) for n in state.weights)}
         states = [final[n] for n in others_at]
+        self._notes["stream_weights"] = state.weights  # what the next chunk of this stream would pass on
         return grads, losses, LearnerState(state.weights, states, list(traces.traces), traces.t)
+
+    def _note_changed_weights(self, state: LearnerState) -> None:
+        """Under changing weights the traces of a followed readout memory and of a
+        parameter read through a nonlinear map are approximate (as under
+        ``update_every``): warn once when a stream's chunk (``t > 0``) comes with other
+        weights than the last chunk handed on. Eager calls only: under a jit the values
+        are not there to compare (the warning is then the user's to read in the docs)."""
+        last = self._notes.get("stream_weights")
+        if self.plan is None or last is None or self._notes.get("stream_warned") or any(
+                isinstance(v, jax.core.Tracer) for v in (state.t, *jax.tree.leaves(state.weights))):
+            return
+        if int(state.t) == 0 or state.weights is last or (
+                jax.tree.structure(state.weights) == jax.tree.structure(last)
+                and all(a is b or np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.weights),
+                                                                       jax.tree.leaves(last)))):
+            return
+        self._notes["stream_warned"] = True
+        why = "weights changed between learner.step calls of one stream"
+        warn_readout_memory_under_updates(self.plan, why, stacklevel=4)
+        warn_weight_maps_under_updates(self.plan, why, stacklevel=4)
 
     def grad(self, xs: Any, targets: Any) -> tuple[dict, jax.Array]:
         """``(grads, losses)`` of one sequence, as :func:`etrace_fit.sequence_grad`."""

@@ -75,6 +75,53 @@ def reference_bptt(model, xs, targets, step_loss, batch_size, initial=None):
     return to_host(grads), np.asarray(losses)
 
 
+def rtrl_window_fn(model, xs, targets, step_loss):
+    """A jitted ``(weights, loss_on, perturbed) -> grads``: RTRL's gradient under weights
+    that change within the sequence (``update_every``), by autodiff, independent of the
+    rules under test.
+
+    ``weights``: ``{ParamState path: value}`` with a leading axis ``T``, the weights each
+    step runs with; ``loss_on``: ``(T,)`` weights of the steps' losses (1 on a window's
+    steps, 0 elsewhere); ``perturbed``: ``(T,)``, 1 where the steps' weights get ``δ``.
+    Returns ``d/dδ Σ_t loss_on[t]·step_loss(o_t, targets[t])`` at ``δ = 0``, where step
+    ``t`` runs ``weights[t] + perturbed[t]·δ``, from reset states, in training mode, as
+    ``{path: value}``. With ``perturbed`` all ones this is the exact online gradient of
+    the window (a perturbation of every step since the sequence began, each step
+    keeping the weights it ran with); with ones from the window's start only it is
+    truncated BPTT. The model's weights and hidden states are left as they were
+    (hidden states reset).
+    """
+    params = model.states(brainstate.ParamState)
+    delta = {path: brainstate.State(jax.tree.map(jnp.zeros_like, state.value)) for path, state in params.items()}
+    batch_size = jax.tree.leaves(xs)[0].shape[1]
+
+    def loss(weights, loss_on, perturbed):
+        saved = {path: state.value for path, state in params.items()}
+        brainstate.nn.reset_all_states(model, batch_size=batch_size)
+
+        def step(inputs):
+            x, w, scale = inputs
+            for path, state in params.items():
+                state.value = jax.tree.map(lambda v, d: v + scale * d, w[path], delta[path].value)
+            return model(x)
+
+        with brainstate.environ.context(fit=True):
+            outs = brainstate.transform.for_loop(step, (xs, weights, perturbed))
+        for path, state in params.items():
+            state.value = saved[path]
+        return jnp.sum(loss_on * jax.vmap(step_loss)(outs, targets))
+
+    grad = brainstate.transform.jit(brainstate.transform.grad(loss, grad_states=delta))
+
+    def run(weights, loss_on, perturbed):
+        dtype = jax.tree.leaves(xs)[0].dtype
+        grads = grad(weights, jnp.asarray(loss_on, dtype), jnp.asarray(perturbed, dtype))
+        brainstate.nn.reset_all_states(model, batch_size=batch_size)
+        return to_host(grads)
+
+    return run
+
+
 class Case:
     """A model, one sequence, and its reference (BPTT) gradients and losses, built in
     ``precision`` with ``dt = 1``. :meth:`run` calls ``sequence_grad`` in the same

@@ -133,6 +133,38 @@ def test_new_weights_in_the_state_are_what_the_step_uses():
     _close({ef.compiler.format_path(p): g for p, g in expected.items()}, grads)
 
 
+def test_a_stream_whose_weights_change_between_chunks_names_what_becomes_approximate():
+    """docs/algorithms.md: put new weights in with ``state._replace(weights=...)``. A
+    stream updated so between chunks is ``online_fit``'s ``update_every``, where a
+    learned τ's trace (followed through ``exp(−dt/τ)`` at the current τ) is approximate
+    and named; ``learner.step`` computed the same and said nothing (an audit measured
+    1.4 relative error on a leaky readout's memory). Warned once, eagerly; chunks with
+    the weights handed on, and a stream's first chunk with any weights, stay silent."""
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(I, N, w_init=rng.normal(0, 1.5, (I, N))), L.LIF(N, tau=5.0, learn_tau=True),
+                          L.Linear(N, O, w_init=rng.normal(0, 0.5, (N, O))))
+    brainstate.nn.init_all_states(model, batch_size=B)
+    xs, ys = _data()
+    learner = ef.compile(model, xs[0], _loss, algo="d_rtrl")
+
+    def stream(update):
+        state = learner.init(B)
+        state = state._replace(weights=jax.tree.map(lambda w: 0.9 * w, state.weights))  # a first chunk: any weights
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for start in range(0, T, 8):
+                grads, _, state = learner.step(state, xs[start:start + 8], ys[start:start + 8])
+                if update:
+                    state = state._replace(weights=jax.tree.map(lambda w, g: w - 0.1 * g, state.weights, grads))
+        return [str(w.message) for w in caught if issubclass(w.category, ef.ApproximationWarning)]
+
+    assert stream(update=False) == []
+    [message] = stream(update=True)
+    assert message.startswith("the online gradients of layers.1.tau (through ") and (
+        "are approximate with weights changed between learner.step calls of one stream" in message)
+    assert stream(update=True) == []  # once per learner
+
+
 # ------------------------------------------------------------------ the Trainer
 def _trainer_data(seed=2):
     rng = np.random.default_rng(seed)
