@@ -60,7 +60,7 @@ def approximations(
         # trace state beside the membrane it is driven by): an off-diagonal Jacobian, or a
         # later memory, read off those states alone meets a zero trace, so only the paths
         # out of the states it reaches count.
-        affected = affected_states(module, groups, relation, feeds)
+        affected = affected_states(module, groups, relation, feeds, after_y)
         others = {new_value_group[v] for v in after_y if v in new_value_group} - own
         for p in affected:
             others |= {new_value_group[v] for v in previous[p] if v in new_value_group} - own
@@ -159,14 +159,16 @@ def state_feeds(module: ModuleInfo, groups: Iterable[HiddenGroup], previous: dic
 
 
 def affected_states(module: ModuleInfo, groups: tuple[HiddenGroup, ...], relation: Relation,
-                    feeds: dict | None = None) -> set:
+                    feeds: dict | None = None, after_y: set | None = None) -> set:
     """The states of ``relation``'s hidden groups that its weight's effect reaches: those
-    its op's output reaches within the step, and every state they feed, step after step
+    its op's output reaches within the step (``after_y``, if the caller has it: what that
+    output reaches with a derivative), and every state they feed, step after step
     (:func:`state_feeds`). The weight's trace is zero on the others."""
     feeds = state_feeds(module, groups) if feeds is None else feeds
     state_of = {s.path: s for s in module.hidden}
-    after_y = _reached(module, module.jaxpr.eqns[relation.eqn_index].outvars, after=relation.eqn_index,
-                       differentiable=True)
+    if after_y is None:
+        after_y = _reached(module, module.jaxpr.eqns[relation.eqn_index].outvars, after=relation.eqn_index,
+                           differentiable=True)
     start = {p for g in relation.hidden_groups for p in groups[g].paths if state_of[p].out_vars[0] in after_y}
     found, stack = set(start), list(start)
     while stack:
