@@ -117,7 +117,7 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
     batch axis of each hidden-state leaf and of each trace leaf): the next state keeps
     the states and traces split over the mesh's batch axis and the rest replicated.
 
-    ``frozen`` (``{weight path: {leaf}}``, :func:`frozen_weights`): leaves no update
+    ``frozen`` (``{weight path: {leaf}}``, :func:`etrace_fit.algorithms.learner.frozen_weights`): leaves no update
     moves, as Keras leaves a non-trainable weight alone (a ``LoRALinear``'s base: its
     gradient is zero, but an optimizer's weight decay would shrink it)."""
     regularized = bool(regularizers)
@@ -175,10 +175,11 @@ def build_train_step(compiled: Any, optimizer: Any, metric_fns: Mapping[str, Any
                      for name, value in values.items()}
             updates, new_opt_state = optimizer.update(grads, state.opt_state, values)
             new_values = optax.apply_updates(values, updates)
-            if projects:
-                projected = compiled.project(compiled.weight_leaves({paths[n]: v for n, v in new_values.items()}),
-                                             weights, frozen)
-                new_values = {format_path(path): v for path, v in compiled.per_state(projected).items()}
+            if projects:  # (a weight the step never reads is no program leaf: it stays as the update left it)
+                projected = compiled.project(compiled.weight_leaves({paths[n]: v for n, v in new_values.items()
+                                                                     if n in paths}), weights, frozen)
+                new_values = {**new_values,
+                              **{format_path(path): v for path, v in compiled.per_state(projected).items()}}
         else:  # the optimizer runs inside the scan; its state is over the weight leaves
             weights, new_opt_state, losses, final, collected, *stream = program.run_with_updates(
                 weights, state_leaves, xs_leaves, targets, optimizer, state.opt_state, every, collect=True,

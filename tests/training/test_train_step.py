@@ -2,6 +2,7 @@
 gradient, compiles once per input shape, and reports gradients, trace norms and spikes."""
 
 import functools
+import warnings
 
 import brainstate
 import jax
@@ -381,6 +382,36 @@ def test_a_skipped_batch_leaves_batch_norms_running_statistics_as_they_were():
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, stats.value), before)
     trainer.train_on_batch(x[:, ::-1] * 3.0, y)
     assert not np.allclose(np.asarray(stats.value["mean"]), before["mean"])  # a finite batch moves them
+
+
+class _UnreadParameter(brainstate.nn.Module):
+    """A pass-through layer holding a ParamState its step never reads (an initial membrane
+    a user's reset would set): no program leaf, but a weight of the trainer's state."""
+
+    def __init__(self):
+        super().__init__()
+        self.unread = brainstate.ParamState(jnp.ones((H,), jnp.float32))
+
+    def update(self, x):
+        return x
+
+
+def test_a_constrained_weight_trains_beside_a_weight_the_step_never_reads():
+    """The update's projection (constraints, frozen leaves) ran over the program's weight
+    leaves, which a weight the step never reads is not one of: a learned τ beside such a
+    weight must still be constrained, and the unread weight left as the update left it."""
+    x, y = _data(8)
+    rng = np.random.default_rng(0)
+    model = ef.Sequential(L.Linear(C, H, w_init=rng.normal(0, 1.5, (C, H)).astype(np.float32)), _UnreadParameter(),
+                          L.LIF(H, tau=2.0, learn_tau=True),
+                          L.Linear(H, 2, w_init=rng.normal(0, 0.3, (H, 2)).astype(np.float32)))
+    trainer = ef.Trainer(model, algo="d_rtrl", optimizer=optax.sgd(1e3))  # a step that drives τ below its floor
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train_on_batch(x, y)
+    tau = np.asarray(model.layers[2].tau.value)
+    assert np.all(tau >= 0.1 - 1e-6) and np.all(np.isfinite(tau))
+    np.testing.assert_array_equal(np.asarray(model.layers[1].unread.value), np.ones(H, np.float32))
 
 
 def test_batch_logs_are_read_only_floats_that_wait_for_the_device():
