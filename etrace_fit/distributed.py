@@ -12,6 +12,7 @@ batch, never a mean of per-device means. :func:`initialize` starts a multi-host 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -73,7 +74,8 @@ def resolve_mesh(mesh: Any) -> Mesh | None:
     ``"auto"`` (every device; no mesh when there is only one), an int (that many
     devices) or a :class:`jax.sharding.Mesh` with a ``"batch"`` axis (its axes used
     as ``AxisType.Auto`` whatever their type, e.g. :func:`jax.make_mesh`'s Explicit
-    ones: the same devices and axes); else :class:`ConfigError`."""
+    ones: the same devices and axes; a ``UserWarning`` when another axis has more than
+    one device, since each of them repeats the whole step); else :class:`ConfigError`."""
     if mesh is None:
         return None
     if isinstance(mesh, str):
@@ -88,6 +90,13 @@ def resolve_mesh(mesh: Any) -> Mesh | None:
     if BATCH_AXIS not in mesh.axis_names:
         raise ConfigError(f"the mesh has axes {tuple(mesh.axis_names)} but no {BATCH_AXIS!r} axis to split the batch "
                           f"over: build it as Mesh(devices, ({BATCH_AXIS!r},)) or use mesh='auto'")
+    copies = {name: size for name, size in mesh.shape.items() if name != BATCH_AXIS and size > 1}
+    if copies:
+        # valid (a mesh shared with other code), but each of these axes repeats the whole step
+        warnings.warn(f"the mesh's axes {copies} besides {BATCH_AXIS!r} hold copies of the same work: the batch is "
+                      f"split over {BATCH_AXIS!r} alone, so its {mesh.size} devices compute as "
+                      f"{mesh.shape[BATCH_AXIS]}; build Mesh(devices, ({BATCH_AXIS!r},)) to split over all of them",
+                      UserWarning, stacklevel=3)
     if any(kind != AxisType.Auto for kind in mesh.axis_types):
         # jax.make_mesh's axes are Explicit by default: the step places its values by sharding
         # constraints, which Explicit axes refuse (a ShardingTypeError deep in the first step's tracing)

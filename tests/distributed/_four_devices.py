@@ -335,9 +335,12 @@ def explicit_mesh():
     reference.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     for name, mesh in (("batch", jax.make_mesh((4,), ("batch",))),
                        ("batch_model", jax.make_mesh((2, 2), ("batch", "model")))):
-        trainer = ef.Trainer(build(gru), algo="d_rtrl", optimizer=optax.sgd(0.5), mesh=mesh, loss_on="all")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = ef.Trainer(build(gru), algo="d_rtrl", optimizer=optax.sgd(0.5), mesh=mesh, loss_on="all")
         trainer.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-        out[name] = {"given": [str(t) for t in mesh.axis_types], "used": [str(t) for t in trainer.mesh.axis_types],
+        out[name] = {"warnings": [str(w.message) for w in caught if "copies of the same work" in str(w.message)],
+                     "given": [str(t) for t in mesh.axis_types], "used": [str(t) for t in trainer.mesh.axis_types],
                      "devices": trainer.mesh.shape["batch"],
                      "weights": max_difference(weights(trainer), weights(reference)),
                      "evaluate": [trainer.evaluate(x, y, batch_size=8, verbose=0),

@@ -199,6 +199,10 @@ def test_a_mesh_from_jax_make_mesh_trains_like_one_device(runs):
     for name, result in runs["explicit_mesh"].items():
         assert set(result["given"]) == {"AxisType.Explicit"} and set(result["used"]) == {"AxisType.Auto"}, name
         assert result["devices"] == (4 if name == "batch" else 2)
+        # a "model" axis repeats the step on its devices: said when the trainer is built
+        assert result["warnings"] == ([] if name == "batch" else [
+            "the mesh's axes {'model': 2} besides 'batch' hold copies of the same work: the batch is split over "
+            "'batch' alone, so its 4 devices compute as 2; build Mesh(devices, ('batch',)) to split over all of them"])
         assert result["weights"] < 1e-10, name
         four, one = result["evaluate"]
         for key in one:
