@@ -455,25 +455,24 @@ def plot(results, path: pathlib.Path) -> str:
 
 
 SUMMARY = [
-    "## In short (2026-11-27)",
+    "## In short (2026-11-29)",
     "",
-    "- **D-RTRL** costs less than BPTT at H = 128, B = 16: 0.80× on the GRU, 0.83× on the RLIF net and 0.81× "
-    "on the feed-forward LIF net with the loss at every step, 0.42–0.53× with the loss at the last step, "
-    "0.63–0.71× at T = 2000. At B = 64 it takes 0.90× on the GRU, 0.95× on the RLIF net and 1.35× on the LIF "
-    "net (1.01× and 1.80× in the run before, when their programs were over the allocator's 32 MiB line; "
-    "below). At H = 512 it takes 0.66–1.59×. Its memory does not grow with T.",
-    "- **ES-D-RTRL** takes 0.54× BPTT's time on the LIF net, 0.56× on the RLIF net and 0.61× on the GRU at "
-    "T = 200 in this run; 0.43–0.52× at T = 2000 and 0.22–0.26× with the loss at the last step. The run "
-    "before, on the same code, read 0.59×, 0.63× and 0.61×: the RLIF net's processes spread over 0.55–0.65× "
-    "and 0.57–0.69×, across the 0.6× target, and the GRU misses it in both (0.57–0.62×, 0.58–0.70×). Per "
-    "step the rule runs the forward pass and the pull-back for its learning signal (docs/theory.md §5.8): "
-    "0.53–0.57× of BPTT's per-step multiply-adds before any weight gradient (counted below). The GRU and "
-    "RLIF nets, whose steps are bound by those products, sit on that floor. On another machine of the same "
-    "kind (2026-11-28, three processes each, 7 rounds; not merged into the tables) the T = 200 rows read "
-    "0.56× (0.55–0.60) on the GRU, 0.59× (0.42–0.63) on the RLIF net and 0.63× (0.63–0.84) on the LIF net, "
-    "whose BPTT runs faster there (6.7–7.0 ms against 8.2); the commit these tables were measured at "
-    "(`9c8a025`) read 0.61× on the LIF net there too: which side of 0.6× the LIF net lands on moves with "
-    "the machine.",
+    "- **D-RTRL** costs less than BPTT at H = 128, B = 16 (the targets' run of 2026-11-29, five processes a "
+    "row): 0.72× on the GRU, 0.65× on the RLIF net and 0.76× on the feed-forward LIF net with the loss at "
+    "every step, 0.32–0.53× with the loss at the last step, 0.41–0.59× at T = 2000. At B = 64 (2026-11-27) "
+    "it takes 0.90× on the GRU, 0.95× on the RLIF net and 1.35× on the LIF net (1.01× and 1.80× in the run "
+    "before, when their programs were over the allocator's 32 MiB line; below). At H = 512 it takes "
+    "0.66–1.59×. Its memory does not grow with T.",
+    "- **ES-D-RTRL** takes 0.52× BPTT's time on the GRU, 0.51× on the RLIF net and 0.54× on the LIF net at "
+    "T = 200 in that run (processes 0.49–0.54×, 0.49–0.53×, 0.49–0.55×; CPU time 0.62×, 0.62×, 0.72×); "
+    "0.29–0.37× at T = 2000 and 0.20–0.24× with the loss at the last step. That machine runs BPTT 2.5–3× "
+    "faster than the one of the earlier tables (the GRU's 18.0 ms against 45.4 ms), and there the same "
+    "rows had read 0.61× (0.57–0.62), 0.56× and 0.54× (2026-11-27), the GRU over the 0.6× target; on a "
+    "third machine (2026-11-28, not merged) 0.56×, 0.59× and 0.63×. Which side of 0.6× a row lands on "
+    "moves with the machine; the ratio's floor does not: per step the rule runs the forward pass and the "
+    "pull-back for its learning signal (docs/theory.md §5.8), 0.53–0.57× of BPTT's per-step multiply-adds "
+    "before any weight gradient (counted below), and the GRU and RLIF nets, whose steps are bound by those "
+    "products, sit near it.",
     "- **Other layers** (2026-11-28, H = 128, B = 16, T = 200; \"Every recurrent layer of the library\" "
     "below): ES-D-RTRL 0.47–0.69× BPTT on all eleven; D-RTRL 0.97–1.00× on the other one-state cells with a "
     "recurrent product, 1.08–1.42× on two-state ones (LSTM, URLSTM, LRU, ALIF, RecurrentALIF, a synapse "
@@ -482,13 +481,14 @@ SUMMARY = [
     "ES-D-RTRL 0.61–0.76× BPTT, D-RTRL 0.85–1.02×.",
     "- **The demo** (`etrace-fit train`: hybrid = exact D-RTRL on a 3-state ALIF trace) with the command's "
     "defaults, which keep the compiled programs since 2026-11-29 (`~/.cache/etrace_fit/compiled`), reaches "
-    "0.93 in 0.71× BPTT's time and ends its run in 0.63× (three seeds from an empty cache, so the first "
-    "compiles: the table at the end, 2026-11-29). Where every run compiles (`--compile-cache none`, or a "
-    "first run), the hybrid's step compiles in 1.2 s against 0.76 s (118 fusions against 82, ~10 ms of "
-    "XLA's compile each): on that machine 0.72× BPTT's whole run but 1.11× to 0.93, on the earlier ones "
-    "0.89–1.07× the whole run and 1.02–1.40× to 0.93 (0.98× with a cache). Both medians are a third "
-    "epoch's end, so the start decides. The batch's lead is BPTT's page faults under glibc's default "
-    "allocator; with its settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
+    "0.93 in 0.70× BPTT's time and ends its run in 0.59× (three seeds from an empty cache, so the first "
+    "compiles: the table at the end, 2026-11-29, the targets' machine). Where every run compiles "
+    "(`--compile-cache none`, or a first run) it reached 0.93 in 0.92× BPTT's time on that machine (2.9 s "
+    "against 3.1 s; the whole run 0.65×), against 1.04–1.11× on the machines of 2026-11-29's earlier runs "
+    "and 1.02–1.40× on the earlier ones: the hybrid's step compiles in 1.2 s against 0.76 s (118 fusions "
+    "against 82, ~10 ms of XLA's compile each), and both medians are a second or third epoch's end, so the "
+    "start decides. The batch's lead is BPTT's page faults under glibc's default allocator; with its "
+    "settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
     "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead (0.99× "
     "the bare step's wall time, 1.02× its CPU time; `benchmarks/trainer_overhead.py`, 2026-11-27), chunked "
     "equal to per-step in float64.",
@@ -548,7 +548,8 @@ READING = [
 
 LAYERS_READING = [
     "Read against the grid (2026-11-28, 3 processes a row, 7 rounds; the grid's three rows are the targets' "
-    "runs above):",
+    "runs above, 2026-11-29, on a machine where BPTT runs 2.5–3× faster: compare the ratios, not the "
+    "milliseconds):",
     "",
     "- **ES-D-RTRL** takes 0.47–0.69× BPTT's time on every layer with the loss at every step and 0.17–0.32× "
     "with the loss at the last step: its step loop costs about the forward pass and the pull-back for the "
@@ -645,9 +646,10 @@ def work_section() -> list[str]:
         "hidden weights' gradient products move from BPTT's thin per-step ones to one batched GEMM per chunk. "
         "The forward pass and the pull-back alone are 0.53–0.57× BPTT's thin multiply-adds on the three nets "
         "(0.57–0.60× with the readout's gradient) at 0.81× BPTT's kernels. At H = 128, B = 16 the thin "
-        "products and the kernel launches set the pace, so the rule sits at about 0.6× at best: below it only "
-        "where a product can leave the step loop (the LIF net's input product, which reads the inputs alone, "
-        "is one GEMM per chunk). `tests/algorithms/test_work_per_step.py` holds the engine to this structure "
+        "products and the kernel launches set the pace, so on the GRU and RLIF nets the rule's time sits near "
+        "those counts (0.52× and 0.51× BPTT's on the machine of 2026-11-29, 0.61× and 0.56× on that of "
+        "2026-11-27, where BPTT ran 2.5–3× slower); on the LIF net, whose input product leaves the step loop "
+        "(it reads the inputs alone: one GEMM per chunk), the kernel launches do (0.54× on both). `tests/algorithms/test_work_per_step.py` holds the engine to this structure "
         "with the same counter. The column of `Xᵀ δ` over B rows is what the online rules batch: BPTT's "
         "per-step weight gradients, 47 % of its thin multiply-adds on the LIF net and 33 % on the GRU.", *demo]
 
