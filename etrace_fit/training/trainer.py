@@ -370,7 +370,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self._local_batches = False  # fit(ProcessLocal(...)): each process feeds its share of every batch
         self._axes: dict[int, tuple[Any, tuple]] = {}  # id(program) -> (program, batch axes of states, traces)
         self._batch_programs: dict[tuple, tuple] = {}  # batch shapes -> _batch_program's entry (one fit)
-        self._sized: set[tuple] = set()  # batch shapes whose step _under_line has sized (one fit)
+        # batch shapes -> (the program _under_line sized, the (compiled, step) it chose), across fits
+        self._sized: dict[tuple, tuple[Any, tuple]] = {}
         self.skipped_batches = 0  # batches whose loss was not finite (their update was not applied)
         self._eval_step = None
         self._eval_compiling: threading.Thread | None = None  # fit's compilation of the validation ahead
@@ -811,7 +812,6 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if self.learner is not None and not self.learner.is_current():
             self._drop_programs()  # states were recreated, or the step changed otherwise: compile again
         self._batch_programs.clear()  # re-checked against the model's states at every fit
-        self._sized.clear()
         self._sync.refresh()
         self._model_touched = True  # weights set since the last call are read before the first batch
         callbacks = callback_list(callbacks, "fit")
@@ -1113,6 +1113,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         for cache in (self._steps, self._resets, self._axes):
             for key in [key for key in cache if key not in held]:
                 del cache[key]
+        for key in [key for key, (first, _) in self._sized.items() if id(first) not in held]:
+            del self._sized[key]
 
     def _chunk_of(self, compiled, length: int) -> int | None:
         """Steps per chunk of the online program of ``compiled`` on sequences of
@@ -1129,18 +1131,21 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         """``(compiled, step)`` for this batch's shapes with its temp memory kept under
         ``online.mmap_line()`` where halving the chunk does it (``online.chunk_cap``):
         above the line every call page-faults its temp memory anew. Checked once per
-        shape and ``fit``, before the first call: the step is compiled there (the call
+        shape and program, before the first call: the step is compiled there (the call
         then finds it compiled), and a second time, chunked shorter, only when it is
-        over the line."""
+        over the line. A later ``fit`` whose shape finds the same program takes the
+        same choice (reading the compiled step's temp memory took ~6 ms a ``fit``)."""
         key = _shape_key((xs, ys, weight))
-        if key in self._sized:
-            return compiled, step
-        self._sized.add(key)
-        if compiled.plan is None:
-            return compiled, step
-        _, (compiled, step) = sized_program(
-            (compiled, step), lambda cap: self._batch_program(xs, ys, weight, max_chunk=cap)[:2],
-            lambda program: temp_bytes(program[1], *args, **options), self._chunk_of(compiled, xs.shape[0]))
+        entry = self._sized.get(key)
+        if entry is not None and compiled.program is entry[1][0].program:
+            return compiled, step  # the chosen program is the shape's entry already
+        if entry is None or compiled.program is not entry[0]:
+            if compiled.plan is None:
+                return compiled, step
+            entry = self._sized[key] = (compiled.program, sized_program(
+                (compiled, step), lambda cap: self._batch_program(xs, ys, weight, max_chunk=cap)[:2],
+                lambda program: temp_bytes(program[1], *args, **options), self._chunk_of(compiled, xs.shape[0]))[1])
+        compiled, step = entry[1]
         # the shape's entry from now on (a shorter chunk that did not help had taken its place)
         self._batch_programs[key] = (compiled, step, self._reset_of(compiled))
         return compiled, step

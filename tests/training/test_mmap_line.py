@@ -89,6 +89,26 @@ def test_a_step_under_the_line_is_compiled_once(monkeypatch, caplog):
     assert len(compiles) == 1 and memory["chunk"] == 64
 
 
+def test_a_later_fit_takes_the_sized_step_without_compiling_or_reading_it_again(monkeypatch):
+    """The check is made once per batch shape and program: a second fit on the same
+    shapes trains in the halved chunk at once (each fit compiled the step's lowering and
+    read its temp memory again, ~6 ms a fit); a changed layer setting, which compiles a
+    new program, is checked again."""
+    decided = _deciding(monkeypatch, under=True)
+    x, y = rate_discrimination(64, seq_len=130, num_channels=C, low_rate=0.05, high_rate=0.3, seed=0)
+    trainer = ef.Trainer(_model(), algo="d_rtrl", optimizer=optax.sgd(0.5))
+    trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert [d[:2] for d in decided] == [(64, 32)]
+    sized = trainer._batch_programs[next(iter(trainer._batch_programs))][0].program
+    for _ in range(2):
+        trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        assert len(decided) == 1 and trainer.step_memory(x, y, batch_size=32)["chunk"] == 32
+        assert trainer._batch_programs[next(iter(trainer._batch_programs))][0].program is sized
+    trainer.model.layers[1].tau = 5.0
+    trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert [d[:2] for d in decided] == [(64, 32), (64, 32)]
+
+
 def test_bptt_has_no_chunk_to_halve(monkeypatch):
     _, _, memory = _fit(monkeypatch, 1, algo="bptt")
     assert "chunk" not in memory and memory["temp"] > 1
