@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from .. import _compat
 from ..ops import etp_op_info
-from ._dataflow import carries_derivative, is_boundary, is_elementwise, reached
+from ._dataflow import carries_derivative, is_boundary, is_elementwise, memory_values, reached
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
 from .hidden_groups import HiddenGroup, _dependencies
 from .module_info import ModuleInfo
@@ -222,12 +222,13 @@ def _plain_uses(module: ModuleInfo, relations: tuple[Relation, ...]) -> tuple[di
     leaf_vars = _leaf_vars(module)
     every_leaf = set(leaf_vars.values())
     traced = _traced_equations(module, every_leaf)
-    hidden_new = {s.out_vars[0] for s in module.hidden if not isinstance(s.out_vars[0], _compat.Literal)}
+    # a state no later step reads with a derivative is no memory: what reaches it acts within its step
+    memory = memory_values(module)
 
     def uses_of(values: set) -> tuple[str, ...]:
         found = [eqn.primitive.name for index, eqn in enumerate(eqns) if index not in traced
                  and any(not isinstance(v, _compat.Literal) and v in values for v in eqn.invars)
-                 and hidden_new & _reached(module, eqn.outvars, after=index)]
+                 and memory & _reached(module, eqn.outvars, after=index, differentiable=True)]
         return tuple(dict.fromkeys(found))
 
     per_relation = {}

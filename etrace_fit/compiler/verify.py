@@ -15,6 +15,10 @@ step (docs/theory.md §5.4):
    in one step, but the later memories the passes named (``later_memory``, which a
    plan may resolve, docs/theory.md §5.10).
 
+All three are facts about memory states (``_dataflow.memory_values``): a hidden state
+no later step reads with a derivative meets a zero learning signal and feeds no other
+trace, so whatever moves it within the step is the one-step gradient's, exact.
+
 This pass tests the three on the traced step itself, at one random point, with one
 forward-mode pass per fact and direction (a random tangent: a classification that
 misses a coupling fails it with probability one) against the true Jacobian-vector
@@ -38,6 +42,7 @@ import numpy as np
 
 from .. import _compat
 from .diagnostics import Diagnostic, DiagnosticKind, format_path
+from ._dataflow import memory_values
 from .fidelity import affected_states, state_feeds
 from .hidden_groups import HiddenGroup, group_jacobian
 from .module_info import ModuleInfo
@@ -117,7 +122,12 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
     positions = module.leaf_offsets
     num_outputs = len(module.output_vars)
     # Every carried floating-point state but the weights: where an effect may show.
-    carried = [s for s in module.states if s.kind != "weight" and s.written
+    # A hidden state no later step reads with a derivative (a spike kept for a detached reset,
+    # a monitor) is no memory: its trace meets a zero signal and feeds no other trace, so
+    # what moves it within the step is the one-step gradient's, exact whatever it is.
+    memory = memory_values(module)
+    inert = {s.path for s in module.hidden if s.out_vars[0] not in memory}
+    carried = [s for s in module.states if s.kind != "weight" and s.written and s.path not in inert
                and all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in s.in_vars)]
     weight_of = {s.path: s for s in module.weights}
     point = _random_point(module, state_leaves, input_leaves, seed)
@@ -161,6 +171,7 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
         return value * np.asarray(key[1], value.dtype)
 
     group_directions = {key: masked(key) for key in checked}
+    rows = {g: np.asarray([p not in inert for p in group.paths]) for g, group in enumerate(groups)}
     weight_directions = {path: [direction(states_at[positions[path] + n]) for n in range(len(weight_of[path].in_vars))
                                 if np.issubdtype(states_at[positions[path] + n].dtype, np.inexact)]
                          for path in exact}
@@ -183,7 +194,7 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
             D = group_jacobian(module, group, states_at, inputs_at)
             predicted = jnp.einsum("...sr,...r->...s", D, r)
             true = jnp.stack([moved[p] for p in group.paths], axis=-1)
-            results[("D", key)] = (true, predicted)
+            results[("D", key)] = (true * rows[key[0]], predicted * rows[key[0]])
             results[("reach_h", key)] = {s.path: moved[s.path] for s in carried if s.path not in group.paths}
         # Fact 2 and 3 for each weight: a random tangent on all its leaves.
         for path in exact:
@@ -216,7 +227,7 @@ def numerical_check(module: ModuleInfo, groups: Sequence[HiddenGroup], relations
             for g in own_groups[path]:
                 group = groups[g]
                 true = jnp.stack([moved[p] for p in group.paths], axis=-1)
-                results[("Df", path, g)] = (true, predicted[g])
+                results[("Df", path, g)] = (true * rows[g], predicted[g] * rows[g])
             results[("reach_w", path)] = {s.path: moved[s.path] for s in carried}
         return results
 
