@@ -26,6 +26,7 @@ POLARITY_EVENT = 1
 PACKET_HEADER = struct.Struct("<hhiiiiii")  # type, source, size, ts offset, ts overflow, capacity, number, valid
 HEADER_END = b"#!END-HEADER\r\n"
 LABELS_HEADER = "class,startTime_usec,endTime_usec"
+ARCHIVE_FOLDER = "DvsGesture"  # the folder DvsGesture.tar.gz unpacks into: the root to pass
 URL = "https://research.ibm.com/interactive/dvsgesture/"
 LAYOUT = ("root/trials_to_train.txt and root/trials_to_test.txt (one .aedat file name per line), and for each "
           "listed user01_fluorescent.aedat (AEDAT 3.1) its user01_fluorescent_labels.csv")
@@ -157,8 +158,13 @@ def _trials(root: pathlib.Path, split: str) -> list[pathlib.Path]:
         raise ConfigError(f"load_dvs_gesture: split must be 'train' or 'test', got {split!r}")
     listing = root / f"trials_to_{split}.txt"
     if not listing.exists():
+        unpacked = root / ARCHIVE_FOLDER
+        if (unpacked / listing.name).exists():  # root is where the archive was unpacked, not its folder
+            raise FileNotFoundError(f"load_dvs_gesture: {listing} not found, but {unpacked / listing.name} exists: "
+                                    f"DvsGesture.tar.gz unpacks into a {ARCHIVE_FOLDER}/ folder; "
+                                    f"pass root='{unpacked}'")
         raise FileNotFoundError(f"load_dvs_gesture: {listing} not found. Expected {LAYOUT}; get DvsGesture.tar.gz "
-                                f"from {URL} and unpack it into {root}")
+                                f"from {URL}, unpack it and pass its {ARCHIVE_FOLDER}/ folder as root")
     names = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
     paths = [root / name for name in names]
     for path in paths:
@@ -233,15 +239,17 @@ def load_dvs_gesture(
 
     Raises:
         FileNotFoundError: a missing list, recording or labels file (the message
-            names it, the layout and the URL). DataError: a bad header, a truncated
+            names it, the layout and the URL; for a ``root`` holding the archive's
+            ``DvsGesture/`` folder, that folder to pass). DataError: a bad header, a truncated
             packet or an impossible packet header field, an event off the sensor, a
             bad labels row; a recording with no valid events, or a labels row with no
             event in its window (the message names the file and the row's times).
     """
     check_binning(dt, num_bins, max_time, "load_dvs_gesture")
-    if isinstance(downsample, bool) or not isinstance(downsample, int) or downsample < 1:
+    if isinstance(downsample, bool) or not isinstance(downsample, (int, np.integer)) or downsample < 1:
         raise ConfigError(f"load_dvs_gesture: downsample must be a positive int (4 pools 128 x 128 to 32 x 32), "
                           f"got {downsample!r}")
+    downsample = int(downsample)  # np.int64(4) and 4: one cache key
     root = pathlib.Path(root)
     recordings = _trials(root, split)
     side = -(-SENSOR // downsample)

@@ -34,16 +34,21 @@ _EDGE_DECIMALS = 9  # t / width is rounded to this many decimals, so t = k * dt 
 MAX_BINNED_ENTRIES = 10**9
 
 
+def _is_seconds(value: Any) -> bool:
+    """A positive, finite number of seconds, and not a bool (``True == 1`` passed as 1 s)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and bool(np.isfinite(value)) and value > 0
+
+
 def check_binning(dt: float | None, num_bins: int | None, duration: float | None, caller: str) -> None:
     if (dt is None) == (num_bins is None):
         raise ConfigError(f"{caller}: give exactly one of dt (bin width in seconds) or num_bins, "
                           f"got dt={dt!r}, num_bins={num_bins!r}")
-    if dt is not None and not (isinstance(dt, numbers.Real) and np.isfinite(dt) and dt > 0):
+    if dt is not None and not _is_seconds(dt):
         raise ConfigError(f"{caller}: dt must be a positive number of seconds, got {dt!r}")
     if num_bins is not None and (isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer))
                                  or num_bins < 1):
         raise ConfigError(f"{caller}: num_bins must be a positive int, got {num_bins!r}")
-    if duration is not None and not (isinstance(duration, numbers.Real) and np.isfinite(duration) and duration > 0):
+    if duration is not None and not _is_seconds(duration):
         raise ConfigError(f"{caller}: duration / max_time must be a positive number of seconds or None, "
                           f"got {duration!r}")
 
@@ -73,6 +78,17 @@ def _bin_index(times: np.ndarray, width: float, stored: np.dtype) -> np.ndarray:
         on_edge = edge.astype(stored).astype(np.float64) == times
         index = np.where(on_edge, np.round(scaled).astype(np.int64), index)
     return index
+
+
+def _most_exact(dtype: np.dtype) -> int | None:
+    """The largest count ``dtype`` holds exactly: its maximum for integers,
+    ``2**(mantissa bits + 1)`` for floats (2048 for float16); None for other kinds
+    (bool: whether any event fell in the bin, by choice)."""
+    if np.issubdtype(dtype, np.integer):
+        return int(np.iinfo(dtype).max)
+    if np.issubdtype(dtype, np.floating):
+        return 2 ** (np.finfo(dtype).nmant + 1)
+    return None
 
 
 def _check_events(times: Any, units: Any, num_units: int) -> tuple[np.ndarray, np.ndarray, np.dtype]:
@@ -121,7 +137,9 @@ def bin_events(
             event falls in the last bin: with ``dt``, ``T`` is the last event's bin + 1
             (0 bins without events); with ``num_bins``, the window is
             ``[0, max(times)]`` (all zeros without events).
-        dtype: the dtype of the counts.
+        dtype: the dtype of the counts; one that cannot hold a count exactly (300
+            events in one bin and unit as ``uint8``) is a ``ConfigError``. ``bool``
+            gives whether any event fell in the bin (binary frames).
 
     Event ``t`` goes to bin ``floor(t / width)`` (``width`` = ``dt`` or
     ``duration / num_bins``); a time within 1e-9 bins of an edge, or equal to the edge
@@ -129,7 +147,8 @@ def bin_events(
     ``t = k * dt`` lands in bin ``k`` despite float rounding. Counts are exact.
 
     Raises:
-        ConfigError: not exactly one of ``dt`` / ``num_bins``, or a bad value.
+        ConfigError: not exactly one of ``dt`` / ``num_bins``, or a bad value; a
+            ``dtype`` too narrow for a count.
         DataError: ``times`` and ``units`` of different lengths, a negative or
             non-finite time, a unit outside ``[0, num_units)``.
 
@@ -160,6 +179,12 @@ def bin_events(
     kept &= index < steps
     flat = index[kept] * num_units + units[kept]
     counts = np.bincount(flat, minlength=steps * num_units)
+    dtype, most = np.dtype(dtype), _most_exact(np.dtype(dtype))
+    if most is not None and counts.size and counts.max() > most:  # astype would wrap (uint8: 300 -> 44) or round
+        fullest = int(np.argmax(counts))
+        raise ConfigError(f"bin_events: dtype={dtype.name} holds counts up to {most} exactly, but {int(counts.max())} "
+                          f"events fall in one bin and unit (bin {fullest // num_units}, unit {fullest % num_units}); "
+                          f"give a wider dtype (the default float32 is exact up to 2**24)")
     return counts.reshape(steps, num_units).astype(dtype)
 
 

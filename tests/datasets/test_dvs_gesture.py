@@ -1,5 +1,6 @@
 """DVS128 Gesture from AEDAT 3.1 files written here with struct (etrace_fit/datasets/dvs_gesture.py)."""
 
+import re
 import struct
 
 import numpy as np
@@ -261,3 +262,136 @@ def test_an_impossible_packet_header_field_is_named_with_its_value_and_offset(tm
     with pytest.raises(DataError, match=rf"bad\.aedat: the packet header at byte {offset} has {field} = {value}, "
                                         rf"expected {expected}: the packet header is corrupt"):
         read_aedat31(path)
+
+
+# ---- bytes written from iniVation's AEDAT 3.1 specification (docs.inivation.com, file-formats/aedat-3.1): a 28-byte
+# little-endian packet header (int16 eventType, int16 eventSource, int32 eventSize, eventTSOffset, eventTSOverflow,
+# eventCapacity, eventNumber, eventValid), then eventNumber events of eventSize bytes; a polarity event (type 1) is
+# uint32 data (bit 0 valid, bit 1 polarity, bits 2-16 y, bits 17-31 x) and an int32 timestamp, 64-bit time
+# eventTSOverflow * 2**31 + timestamp
+SPEC_HEADER = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#Source 1: DVS128\r\n#!END-HEADER\r\n"
+POLARITY = np.dtype([("data", "<u4"), ("timestamp", "<i4")])
+
+
+def spec_polarity(events, overflow=0):
+    """A polarity packet of ``(x, y, on, timestamp, valid)`` events."""
+    body = np.array([(valid | on << 1 | y << 2 | x << 17, t) for x, y, on, t, valid in events], POLARITY).tobytes()
+    header = struct.pack("<hhiiiiii", 1, 1, 8, 4, overflow, len(events), len(events), sum(e[4] for e in events))
+    return header + body
+
+
+def spec_other(kind, size, number, ts_offset=0):
+    """A packet of another event type: its events are bytes that would read as valid polarity events."""
+    word = struct.pack("<II", 1 | 1 << 1 | 7 << 2 | 9 << 17, 123)
+    body = (word * size)[:size] * number
+    return struct.pack("<hhiiiiii", kind, 1, size, ts_offset, 0, number, number, number) + body
+
+
+def test_packets_of_every_type_overflow_and_validity_read_as_the_specification_says(tmp_path):
+    path = tmp_path / "mixed.aedat"
+    path.write_bytes(SPEC_HEADER + spec_other(0, 8, 3, ts_offset=4)           # special events
+                     + spec_polarity([(1, 2, 1, 100, 1), (3, 4, 0, 200, 0), (127, 127, 0, 2**31 - 1, 1)])
+                     + spec_other(2, 36, 2, ts_offset=12)                       # frames: other sizes and offsets
+                     + spec_other(3, 40, 1, ts_offset=36)                       # IMU
+                     + spec_polarity([])                                        # an empty packet
+                     + spec_polarity([(5, 6, 1, 7, 1), (8, 9, 0, 8, 1)], overflow=2)
+                     + spec_other(12, 13, 2))                                   # an odd size
+    events = read_aedat31(path)
+    assert events.tolist() == [(1, 2, 1, 100), (127, 127, 0, 2**31 - 1), (5, 6, 1, 2 * 2**31 + 7),
+                               (8, 9, 0, 2 * 2**31 + 8)]
+
+
+def test_a_header_without_an_end_line_is_refused(tmp_path):
+    path = tmp_path / "open.aedat"
+    path.write_bytes(b"#!AER-DAT3.1\r\n#Format: RAW\r\n" + spec_polarity([(1, 2, 1, 100, 1)]))
+    with pytest.raises(DataError, match=r"open\.aedat: the AEDAT 3\.1 header has no '#!END-HEADER' line"):
+        read_aedat31(path)
+
+
+def test_a_last_packet_cut_inside_its_events_is_refused(tmp_path):
+    whole = SPEC_HEADER + spec_polarity([(1, 2, 1, 100, 1)]) + spec_polarity([(3, 4, 0, 200, 1), (5, 6, 1, 300, 1)])
+    path = tmp_path / "cut.aedat"
+    path.write_bytes(whole[:-8])  # the last event is missing
+    with pytest.raises(DataError, match=r"cut\.aedat: truncated packet at byte \d+: its header announces 2 events of 8 "
+                                        r"bytes, only 8 bytes follow"):
+        read_aedat31(path)
+
+
+def gesture_files(root, events, rows, name="user05_natural"):
+    (root / f"{name}.aedat").write_bytes(SPEC_HEADER + spec_polarity(events))
+    (root / f"{name}_labels.csv").write_text("class,startTime_usec,endTime_usec\r\n"
+                                             + "".join(f"{c},{s},{e}\r\n" for c, s, e in rows))
+    (root / "trials_to_train.txt").write_text(f"{name}.aedat\r\n")
+    return root
+
+
+def test_a_gesture_keeps_the_event_at_its_start_and_drops_the_one_at_its_end(tmp_path):
+    """[startTime_usec, endTime_usec), as the readers that cut this data set do (SpikingJelly's
+    DVS128Gesture: events['t'] >= t_start and events['t'] < t_end)."""
+    events = [(10, 10, 1, 999_999, 1), (20, 20, 1, 1_000_000, 1), (30, 30, 0, 1_009_999, 1),
+              (40, 40, 0, 1_010_000, 1)]
+    root = gesture_files(tmp_path, events, [(6, 1_000_000, 1_010_000)])
+    x, y, mask = load_dvs_gesture(root, dt=0.001, downsample=1, variable_length=True, cache=False)
+    assert y.tolist() == [5] and x.shape == (1, 10, 2, 128, 128) and x.sum() == 2
+    assert x[0, 0, 1, 20, 20] == 1 and x[0, 9, 0, 30, 30] == 1 and mask.sum() == 10
+
+
+def test_a_class_listed_twice_gives_two_samples_and_overlapping_rows_share_events(tmp_path):
+    """user26_fluorescent_labels.csv lists a class more than once; in user22_led_labels.csv a
+    row ends after the next one starts."""
+    events = [(1, 1, 1, 100_000, 1), (2, 2, 1, 300_000, 1), (3, 3, 0, 500_000, 1), (4, 4, 0, 700_000, 1)]
+    root = gesture_files(tmp_path, events, [(4, 50_000, 350_000), (9, 250_000, 600_000), (4, 450_000, 800_000)])
+    x, y = load_dvs_gesture(root, dt=0.1, max_time=0.4, downsample=1, cache=False)
+    assert y.tolist() == [3, 8, 3]
+    assert x.reshape(3, 4, -1).sum(axis=(1, 2)).tolist() == [2, 2, 2]
+    assert x[0, 0, 1, 1, 1] == x[0, 2, 1, 2, 2] == 1          # t - 50 ms: 50 ms and 250 ms
+    assert x[1, 0, 1, 2, 2] == x[1, 2, 0, 3, 3] == 1          # t - 250 ms: 50 ms and 250 ms
+    assert x[2, 0, 0, 3, 3] == x[2, 2, 0, 4, 4] == 1          # t - 450 ms: 50 ms and 250 ms
+
+
+def test_downsampling_pools_pixels_and_a_size_that_does_not_divide_128_keeps_the_edge(tmp_path):
+    events = [(0, 0, 1, 1_000, 1), (2, 2, 1, 1_001, 1), (3, 0, 1, 1_002, 1), (127, 127, 0, 1_003, 1),
+              (126, 125, 0, 1_004, 0)]  # the last is not valid
+    root = gesture_files(tmp_path, events, [(1, 0, 10_000)])
+    x, _ = load_dvs_gesture(root, num_bins=1, downsample=3, cache=False)
+    assert x.shape == (1, 1, 2, 43, 43) and x.sum() == 4
+    assert x[0, 0, 1, 0, 0] == 2 and x[0, 0, 1, 0, 1] == 1 and x[0, 0, 0, 42, 42] == 1
+
+
+def test_gestures_after_a_timestamp_overflow_are_cut_on_the_64_bit_clock(tmp_path):
+    late = 2**31
+    (tmp_path / "user07_led.aedat").write_bytes(SPEC_HEADER + spec_polarity([(1, 1, 1, 2**31 - 10, 1)])
+                                                + spec_polarity([(2, 2, 0, 5, 1), (3, 3, 1, 20_005, 1)], overflow=1))
+    (tmp_path / "user07_led_labels.csv").write_text(f"class,startTime_usec,endTime_usec\n2,{late},{late + 30_000}\n")
+    (tmp_path / "trials_to_test.txt").write_text("user07_led.aedat\n")
+    x, y = load_dvs_gesture(tmp_path, "test", dt=0.01, max_time=0.03, downsample=1, cache=False)
+    assert y.tolist() == [1] and x.sum() == 2 and x[0, 0, 0, 2, 2] == 1 and x[0, 2, 1, 3, 3] == 1
+
+
+def test_the_archives_own_dvsgesture_folder_is_named_when_root_is_its_parent(tmp_path):
+    """DvsGesture.tar.gz unpacks into a DvsGesture/ folder (SpikingJelly's DVS128Gesture reads
+    <extract root>/DvsGesture/trials_to_train.txt). Given the folder it was unpacked into, the
+    error said to 'unpack it into' that same folder, which the user had just done."""
+    inner = tmp_path / "DvsGesture"
+    inner.mkdir()
+    gesture_files(inner, [(1, 1, 1, 100_000, 1)], [(1, 0, 200_000)])
+    outer, found = re.escape(str(tmp_path)), re.escape(str(inner))
+    with pytest.raises(FileNotFoundError, match=rf"{outer}/trials_to_train\.txt not found, but {found}/trials_to_train"
+                                                rf"\.txt exists: DvsGesture\.tar\.gz unpacks into a DvsGesture/ "
+                                                rf"folder; pass root='{found}'"):
+        load_dvs_gesture(tmp_path, dt=0.1, cache=False)
+    with pytest.raises(FileNotFoundError, match=r"unpack it and pass its DvsGesture/ folder as root"):
+        load_dvs_gesture(tmp_path, "test", dt=0.1, cache=False)  # no list of test trials anywhere
+    assert load_dvs_gesture(inner, dt=0.1, cache=False)[1].tolist() == [0]
+
+
+def test_a_numpy_integer_downsample_is_taken_as_an_int(tmp_path):
+    """``downsample=np.int64(2)`` was refused as 'must be a positive int', though num_bins takes one."""
+    root = gesture_files(tmp_path, [(127, 0, 1, 1_000, 1)], [(3, 0, 10_000)])
+    x, y = load_dvs_gesture(root, num_bins=1, downsample=np.int64(2), cache=False)
+    assert x.shape == (1, 1, 2, 64, 64) and x[0, 0, 1, 0, 63] == 1 and y.tolist() == [2]
+    load_dvs_gesture(root, num_bins=1, downsample=np.int64(2))
+    load_dvs_gesture(root, num_bins=1, downsample=2)
+    assert len(list((root / ".etrace_cache").glob("dvs_gesture_train_*.npz"))) == 1  # one key for both
+    with pytest.raises(ConfigError, match=r"downsample must be a positive int .*got True"):
+        load_dvs_gesture(root, num_bins=1, downsample=True, cache=False)

@@ -104,6 +104,14 @@ def test_bad_binning_raises_config_error(kwargs, match):
         bin_events([0.1], [0], 1, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, match", [(dict(dt=True), r"dt must be a positive number of seconds, got True"),
+                                           (dict(dt=0.1, duration=True), r"duration / max_time must be .*got True")])
+def test_a_bool_for_seconds_is_refused_as_one_for_num_bins_is(kwargs, match):
+    """``dt=True`` binned at 1 s (``True == 1``) with no word, where ``num_bins=True`` was refused."""
+    with pytest.raises(ConfigError, match=match):
+        bin_events([0.1], [0], 1, **kwargs)
+
+
 def test_pad_sequences_pads_with_zeros_and_masks_the_real_steps():
     x, mask = pad_sequences([np.ones((2, 3)), 2 * np.ones((4, 3)), np.ones((1, 3))])
     assert x.shape == (3, 4, 3) and mask.shape == (3, 4) and mask.dtype == bool
@@ -186,3 +194,66 @@ def test_times_in_the_wrong_unit_are_a_data_error_not_a_memory_error():
     with pytest.raises(DataError, match=r"bin_events: the events span 10000000001 bins of 700 units .* the last event "
                                         r"is at t = 1e\+06; are the times in seconds \(not µs or ms\)"):
         bin_events([0.0, 1e6], [0, 1], 700, dt=1e-4)
+
+
+# ---- checked against a plain numpy histogram, written from the documented rule (floor(t / width), [0, duration))
+def off_the_edges(times, width):
+    """The times not within 1e-6 bins of an edge, where numpy's float rounding and ours may differ."""
+    phase = times / width - np.floor(times / width)
+    return (phase > 1e-6) & (phase < 1 - 1e-6)
+
+
+@pytest.mark.parametrize("binning", [dict(dt=0.01, duration=0.3), dict(dt=0.01), dict(num_bins=7, duration=0.42),
+                                     dict(num_bins=7)], ids=["dt-window", "dt", "num_bins-window", "num_bins"])
+def test_counts_equal_a_numpy_histogram_of_the_same_events(binning):
+    rng = np.random.default_rng(11)
+    times, units = rng.uniform(0, 0.5, 6000), rng.integers(0, 9, 6000)
+    if "dt" in binning:
+        width = binning["dt"]
+        end = binning.get("duration", np.floor(times.max() / width) * width + width)
+    else:
+        end = binning.get("duration", times.max())
+        width = end / binning["num_bins"]
+    keep = off_the_edges(times, width) | (times == times.max())
+    times, units = times[keep], units[keep]
+    steps = int(round(end / width))
+    inside = times < end if "duration" in binning else np.ones(times.size, bool)  # histogram's last edge is closed
+    expected, _, _ = np.histogram2d(times[inside], units[inside], bins=[np.linspace(0, end, steps + 1),
+                                                                          np.arange(10)])
+    counts = bin_events(times, units, 9, **binning)
+    assert counts.shape == (steps, 9)
+    np.testing.assert_array_equal(counts, expected)
+
+
+@pytest.mark.parametrize("dtype, most", [(np.uint8, 255), (np.int8, 127), (np.int16, 32767), (np.float16, 2048)])
+def test_a_dtype_that_cannot_hold_a_count_is_refused_not_wrapped(dtype, most):
+    """``dtype=np.uint8`` with 300 events in one bin and unit gave 44 (300 mod 256), and
+    float16 gave 2048 for 2049: the docstring's 'counts are exact' did not hold."""
+    units = np.zeros(most + 1, np.int64)
+    exact = bin_events(np.full(most, 0.015), units[:-1], 2, dt=0.01, dtype=dtype)
+    assert exact.dtype == dtype and exact[1, 0] == most and exact.sum() == most
+    name = np.dtype(dtype).name
+    with pytest.raises(ConfigError, match=rf"bin_events: dtype={name} holds counts up to {most} exactly, but "
+                                          rf"{most + 1} events fall in one bin and unit \(bin 1, unit 0\)"):
+        bin_events(np.full(most + 1, 0.015), units, 2, dt=0.01, dtype=dtype)
+
+
+def test_a_bool_dtype_gives_whether_any_event_fell_in_the_bin():
+    """Binary frames, a common SNN input: any count becomes True, none False."""
+    frames = bin_events([0.011, 0.012, 0.013, 0.025], [1, 1, 1, 0], 2, dt=0.01, dtype=bool)
+    assert frames.dtype == np.bool_
+    np.testing.assert_array_equal(frames, [[False, False], [False, True], [True, False]])
+
+
+def test_padded_samples_equal_each_sample_binned_alone_and_the_mask_covers_their_events():
+    rng = np.random.default_rng(5)
+    samples = [(rng.uniform(0, end, 50), rng.integers(0, 4, 50)) for end in (0.031, 0.2, 0.077)]
+    x, lengths = bin_samples(samples, 4, dt=0.01)
+    alone = [bin_events(t, u, 4, dt=0.01) for t, u in samples]
+    assert x.shape == (3, max(len(a) for a in alone), 4)
+    mask = np.arange(x.shape[1]) < lengths[:, None]
+    for i, a in enumerate(alone):
+        assert lengths[i] == len(a) == int(samples[i][0].max() // 0.01) + 1
+        np.testing.assert_array_equal(x[i, : len(a)], a)
+        assert not x[i][~mask[i]].any()  # padding holds nothing
+        assert x[i].sum() == 50

@@ -189,3 +189,64 @@ def test_a_cache_written_before_empty_files_were_refused_is_not_reused(tmp_path,
     monkeypatch.undo()
     with pytest.raises(DataError, match=r"00001\.bin: no events \(0 bytes\)"):
         load_nmnist(tmp_path, "test", dt=0.001, max_time=0.3)
+
+
+# ---- bytes written from the published layout (garrickorchard.com/datasets/n-mnist): one 40-bit big-endian word per
+# event, bits 39-32 x, 31-24 y, bit 23 polarity (1 ON), bits 22-0 the timestamp in µs
+def spec_event(x, y, on, stamp):
+    return (x << 32 | y << 24 | on << 23 | stamp).to_bytes(5, "big")
+
+
+def test_bit_23_is_the_polarity_and_on_events_fill_channel_1(tmp_path):
+    folder = tmp_path / "Train" / "4"
+    folder.mkdir(parents=True)
+    (folder / "00001.bin").write_bytes(spec_event(2, 5, 1, 1_500) + spec_event(33, 0, 0, 2_500)
+                                       + spec_event(0, 33, 1, 2**23 - 1))  # every timestamp bit set, and ON
+    events = read_nmnist_events(folder / "00001.bin")
+    assert events.tolist() == [(2, 5, 1, 1_500), (33, 0, 0, 2_500), (0, 33, 1, 2**23 - 1)]
+    x, y = load_nmnist(tmp_path, "train", dt=0.001, max_time=0.003, cache=False)
+    assert y.tolist() == [4] and x.shape == (1, 3, 2, 34, 34) and x.sum() == 2  # the third is past max_time
+    assert x[0, 1, 1, 5, 2] == 1 and x[0, 2, 0, 0, 33] == 1  # (polarity, y, x); OFF is channel 0
+    flat, _ = load_nmnist(tmp_path, "train", dt=0.001, max_time=0.003, flatten=True, cache=False)
+    assert np.flatnonzero(flat[0].sum(axis=0)).tolist() == [33, 34 * 34 + 5 * 34 + 2]  # p * 1156 + y * 34 + x
+
+
+def test_times_after_overflow_markers_run_past_2_to_the_23(tmp_path):
+    """The authors' reader adds 2**13 µs per marker (y = 240) to the stamps after it, so
+    times go past the 23-bit field's 2**23 - 1 without wrapping."""
+    path = tmp_path / "late.bin"
+    path.write_bytes(spec_event(1, 1, 0, 2**23 - 2) + spec_event(0, 240, 0, 0) + spec_event(7, 3, 1, 2**23 - 1)
+                     + spec_event(0, 240, 1, 5) + spec_event(0, 240, 0, 0) + spec_event(8, 4, 0, 0))
+    assert read_nmnist_events(path).tolist() == [(1, 1, 0, 2**23 - 2), (7, 3, 1, 2**23 - 1 + 2**13),
+                                                 (8, 4, 0, 3 * 2**13)]
+
+
+@pytest.mark.parametrize("x, y", [(34, 0), (0, 34), (255, 255), (0, 239), (0, 241)])
+def test_an_event_just_off_the_34_by_34_sensor_is_refused(tmp_path, x, y):
+    folder = tmp_path / "Test" / "0"
+    folder.mkdir(parents=True)
+    (folder / "a.bin").write_bytes(spec_event(33, 33, 0, 10) + spec_event(x, y, 1, 20))
+    with pytest.raises(DataError, match=rf"a\.bin: event 1 \(x={x}, y={y}, t=20 µs\) is outside the 34 x 34"):
+        load_nmnist(tmp_path, "test", dt=0.001, cache=False)
+
+
+def test_labels_come_from_the_digit_folders_of_the_split_alone(tmp_path):
+    for split, digit, name in [("Train", 8, "00003.bin"), ("Train", 2, "00001.bin"), ("Train", 2, "00002.bin"),
+                               ("Test", 5, "00001.bin")]:
+        (tmp_path / split / str(digit)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / split / str(digit) / name).write_bytes(spec_event(digit, 0, 0, 100 * digit))
+    (tmp_path / "Train" / "2" / "notes.txt").write_text("not an event file")
+    (tmp_path / "Train" / "__MACOSX").mkdir()
+    x, y = load_nmnist(tmp_path, "train", dt=0.001, cache=False)
+    assert y.tolist() == [2, 2, 8]  # digit, then file name
+    assert [int(np.flatnonzero(sample.sum(axis=0))[0]) for sample in x.reshape(3, -1, 2312)] == [2, 2, 8]
+    assert load_nmnist(tmp_path, "test", dt=0.001, cache=False)[1].tolist() == [5]
+
+
+def test_a_truncated_file_stops_the_loader_naming_it(tmp_path):
+    folder = tmp_path / "Train" / "6"
+    folder.mkdir(parents=True)
+    (folder / "good.bin").write_bytes(spec_event(1, 1, 0, 10))
+    (folder / "short.bin").write_bytes(spec_event(1, 1, 0, 10) + spec_event(2, 2, 1, 20)[:4])
+    with pytest.raises(DataError, match=r"6/short\.bin: 9 bytes is not a multiple of 5"):
+        load_nmnist(tmp_path, "train", dt=0.001, cache=False)

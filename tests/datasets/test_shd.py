@@ -261,3 +261,76 @@ def test_a_sample_without_spikes_is_kept_with_a_warning_and_a_file_without_any_s
     with pytest.raises(DataError, match=r"shd_test\.h5: 2 of 2 samples have no spikes \(at index 0, 1\), so their "
                                         r"inputs are all zeros: the file holds no spike at all"):
         load_shd(tmp_path, "test", dt=DT, max_time=0.1, cache=False)
+
+
+# ---- files written from the published layout (zenkelab.org/resources/spiking-heidelberg-datasets-shd): spikes/times
+# (variable-length float16 seconds), spikes/units (variable-length uint16, 700 channels), labels, extra/...
+def spec_file(path, times, units, labels, *, unit_dtype=np.uint16, leave_out=()):
+    with h5py.File(path, "w") as file:
+        if "spikes/times" not in leave_out:
+            column = file.create_dataset("spikes/times", (len(times),), dtype=h5py.vlen_dtype(np.dtype(np.float16)))
+            for i, sample in enumerate(times):
+                column[i] = np.asarray(sample, np.float16)
+        if "spikes/units" not in leave_out:
+            column = file.create_dataset("spikes/units", (len(units),), dtype=h5py.vlen_dtype(np.dtype(unit_dtype)))
+            for i, sample in enumerate(units):
+                column[i] = np.asarray(sample, unit_dtype)
+        if "labels" not in leave_out:
+            file.create_dataset("labels", data=np.asarray(labels, np.uint16))
+        file.create_dataset("extra/speaker", data=np.zeros(len(labels), np.uint16))
+        file.create_dataset("extra/meta_info/gender", data=np.array([b"female"] * len(labels)))
+
+
+def test_unsorted_spike_times_bin_as_sorted_ones_and_the_mask_ends_at_the_latest(tmp_path):
+    times, units = [0.25, 0.0, 0.125, 0.0625], [5, 6, 7, 699]
+    spec_file(tmp_path / "shd_train.h5", [times], [units], [19])
+    order = np.argsort(times)
+    spec_file(tmp_path / "shd_test.h5", [np.array(times)[order]], [np.array(units)[order]], [19])
+    shuffled = load_shd(tmp_path, "train", dt=0.0625, max_time=None, variable_length=True, cache=False)
+    ordered = load_shd(tmp_path, "test", dt=0.0625, max_time=None, variable_length=True, cache=False)
+    for a, b in zip(shuffled, ordered):
+        np.testing.assert_array_equal(a, b)
+    x, y, mask = shuffled
+    assert x.shape == (1, 5, 700) and mask.sum() == 5 and y.tolist() == [19]
+    assert x[0, 4, 5] == x[0, 0, 6] == x[0, 2, 7] == x[0, 1, 699] == 1
+
+
+def test_spikes_on_bin_edges_and_at_max_time_follow_the_window_rule(tmp_path):
+    """float16 seconds, as published: k * dt lands in bin k, a spike at max_time is dropped."""
+    times = [0.0, 0.01, 0.03, 0.06, 0.09, 0.1, 0.35]
+    spec_file(tmp_path / "shd_train.h5", [times], [[0, 1, 3, 6, 9, 10, 35]], [2])
+    x, _ = load_shd(tmp_path, dt=0.01, max_time=0.1, cache=False)
+    assert x.shape == (1, 10, 700) and x.sum() == 5
+    assert [tuple(hit) for hit in np.argwhere(x[0])] == [(0, 0), (1, 1), (3, 3), (6, 6), (9, 9)]
+    coarse, _ = load_shd(tmp_path, num_bins=5, max_time=0.1, cache=False)  # edges every 0.02 s
+    assert [tuple(hit) for hit in np.argwhere(coarse[0])] == [(0, 0), (0, 1), (1, 3), (3, 6), (4, 9)]
+
+
+@pytest.mark.parametrize("missing", ["spikes/times", "spikes/units", "labels"])
+def test_each_missing_dataset_is_named(tmp_path, missing):
+    spec_file(tmp_path / "shd_train.h5", [[0.1]], [[1]], [0], leave_out=(missing,))
+    with pytest.raises(DataError, match=rf"shd_train\.h5: not the SHD/SSC layout, missing dataset '{missing}'"):
+        load_shd(tmp_path, dt=DT, cache=False)
+
+
+def test_a_negative_unit_and_a_unit_past_699_name_the_sample(tmp_path):
+    spec_file(tmp_path / "shd_train.h5", [[0.1], [0.1, 0.2]], [[1], [4, -2]], [0, 1], unit_dtype=np.int32)
+    with pytest.raises(DataError, match=r"shd_train\.h5: sample 1 has unit -2; expected 0 <= unit < 700"):
+        load_shd(tmp_path, dt=DT, cache=False)
+    spec_file(tmp_path / "ssc_train.h5", [[0.1], [0.1, 0.2]], [[1], [4, 70000]], [0, 34], unit_dtype=np.uint32)
+    with pytest.raises(DataError, match=r"ssc_train\.h5: sample 1 has unit 70000; expected 0 <= unit < 700"):
+        load_ssc(tmp_path, dt=DT, cache=False)
+
+
+def test_the_cache_key_follows_every_binning_argument(tmp_path, monkeypatch):
+    spec_file(tmp_path / "shd_train.h5", [[0.01, 0.5]], [[1, 2]], [3])
+    built = []
+    real_read = shd._read
+    monkeypatch.setattr(shd, "_read", lambda *args: built.append(args[1:4]) or real_read(*args))
+    for binning in [dict(dt=0.01), dict(dt=0.01), dict(dt=0.02), dict(dt=0.01, max_time=0.8), dict(num_bins=10),
+                    dict(num_bins=10, max_time=None), dict(num_bins=20, max_time=None), dict(dt=0.01, max_time=None),
+                    dict(num_bins=10)]:
+        load_shd(tmp_path, **binning)
+    assert built == [(0.01, None, 1.0), (0.02, None, 1.0), (0.01, None, 0.8), (None, 10, 1.0), (None, 10, None),
+                     (None, 20, None), (0.01, None, None)]
+    assert len(list((tmp_path / ".etrace_cache").glob("shd_train_*.npz"))) == 7
