@@ -1,7 +1,8 @@
 """Fetch one published data file with the standard library: checksum, gunzip, atomic.
 
-Used by ``load_shd(..., download=True)``; the other readers expect their files on disk
-(docs/datasets.md says where to get them).
+Used by ``load_shd(..., download=True)`` (and :func:`gunzip` for a ``.gz`` downloaded by
+hand); the other readers expect their files on disk (docs/datasets.md says where to get
+them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import urllib.request
 
 from ..errors import DataError
 
-__all__ = ["download"]
+__all__ = ["download", "gunzip"]
 
 _CHUNK = 1 << 20
 
@@ -84,4 +85,27 @@ def download(url: str, dest: str | os.PathLike, sha256: str | None = None, *, ti
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+    return dest
+
+
+def gunzip(packed: str | os.PathLike, dest: str | os.PathLike) -> pathlib.Path:
+    """Unpack the gzip file ``packed`` to ``dest`` (beside it, through a temporary file
+    renamed only once complete); ``packed`` is kept. Returns ``dest``.
+
+    Raises:
+        DataError: ``packed`` is not a valid (or a truncated) gzip file; ``dest`` is not
+            created.
+    """
+    packed, dest = pathlib.Path(packed), pathlib.Path(dest)
+    handle, temporary = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        with os.fdopen(handle, "wb") as target, gzip.open(packed, "rb") as source:
+            shutil.copyfileobj(source, target, _CHUNK)
+        os.replace(temporary, dest)
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{packed} is not a valid gzip file ({exc}); {dest} was not written: download it "
+                        f"again") from exc
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
     return dest

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from .download import download as _download
+from .download import gunzip as _gunzip
 from .events import bin_samples, check_binning, fingerprint, load_binned, with_mask
 
 __all__ = ["load_shd", "load_ssc"]
@@ -47,6 +48,9 @@ def _source(dataset: str, root: pathlib.Path, split: str, download: bool) -> pat
         raise ConfigError(f"load_{dataset}: split must be one of {SPLITS[dataset]}, got {split!r}")
     name = f"{dataset}_{split}.h5"
     path = root / name
+    packed = path.with_name(name + ".gz")
+    if not path.exists() and packed.exists():  # the published .gz, downloaded by hand: unpacked beside it
+        _gunzip(packed, path)
     if not path.exists():
         url = URL.format(name=f"{dataset}_{split}")
         if download:

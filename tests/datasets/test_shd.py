@@ -1,5 +1,6 @@
 """SHD / SSC from HDF5 files written here in the published layout (etrace_fit/datasets/shd.py)."""
 
+import gzip
 import os
 import sys
 import warnings
@@ -160,6 +161,23 @@ def test_a_missing_file_names_the_path_the_layout_and_the_url(tmp_path):
     message = str(info.value)
     assert str(tmp_path / "shd_test.h5") in message and "spikes/times" in message and "spikes/units" in message
     assert "https://zenkelab.org/datasets/shd_test.h5.gz" in message and "download=True" in message
+
+
+def test_a_published_gz_downloaded_by_hand_is_unpacked_beside_it(tmp_path):
+    """The zenkelab files are published gzipped; one saved by hand into root was 'not
+    found' (the message said to gunzip it). A corrupt one is a DataError and leaves no
+    .h5 behind."""
+    write_shd(tmp_path / "made.h5", [[0.0, 0.015]], [[0, 1]], [3])
+    with open(tmp_path / "made.h5", "rb") as source, gzip.open(tmp_path / "shd_test.h5.gz", "wb") as target:
+        target.write(source.read())
+    x, y = load_shd(tmp_path, "test", dt=DT, max_time=0.1, cache=False)
+    assert x.shape == (1, 10, 700) and x[0, 0, 0] == 1 and x[0, 1, 1] == 1 and y.tolist() == [3]
+    assert (tmp_path / "shd_test.h5").exists() and (tmp_path / "shd_test.h5.gz").exists()
+    (tmp_path / "shd_train.h5.gz").write_bytes(gzip.compress(b"an HDF5 file")[:-8])  # cut short
+    with pytest.raises(DataError, match=r"shd_train.h5.gz is not a valid gzip file .*/shd_train.h5 was not written"):
+        load_shd(tmp_path, "train", dt=DT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made.h5", "shd_test.h5", "shd_test.h5.gz",
+                                                          "shd_train.h5.gz"]
 
 
 def test_binning_is_checked_before_the_file(tmp_path):
