@@ -96,8 +96,9 @@ def read_aedat31(path: str | os.PathLike) -> np.ndarray:
     Raises:
         DataError: no AEDAT 3.1 header; a packet cut short; a packet header field the
             format does not allow (a negative eventNumber, eventValid over
-            eventNumber, a polarity packet whose events are not 8 bytes, ...). The
-            message names the file, the field and its value, and the byte offset.
+            eventNumber, a polarity packet whose events are not 8 bytes, ...); a
+            valid event with a negative (int32) timestamp. The message names the
+            file, the field and its value, and the byte offset.
     """
     data = pathlib.Path(path).read_bytes()
     words, overflows = [], []
@@ -110,9 +111,14 @@ def read_aedat31(path: str | os.PathLike) -> np.ndarray:
     overflow = np.concatenate(overflows) if overflows else np.zeros(0, np.int64)
     valid = (packed[:, 0] & 1).astype(bool)
     word, stamp, overflow = packed[valid, 0], packed[valid, 1].astype(np.int64), overflow[valid]
+    negative = np.flatnonzero(stamp >> 31)
+    if negative.size:  # an int32 below 0: the format's stamps run to 2**31 - 1, then the overflow counts
+        raise DataError(f"{path}: {negative.size} valid polarity event(s) have a negative timestamp (the first, "
+                        f"valid event {int(negative[0])}: {int(stamp[negative[0]]) - 2**32}); AEDAT 3.1 stamps are "
+                        f"int32 µs >= 0 with eventTSOverflow counting their wraps: the file is corrupt")
     events = np.empty(word.size, EVENTS)
     events["x"], events["y"], events["p"] = word >> 17, (word >> 2) & 0x7FFF, (word >> 1) & 1
-    events["t"] = (overflow << 31) | (stamp & 0x7FFFFFFF)
+    events["t"] = (overflow << 31) | stamp
     return events
 
 

@@ -301,6 +301,17 @@ def test_packets_of_every_type_overflow_and_validity_read_as_the_specification_s
                                (8, 9, 0, 2 * 2**31 + 8)]
 
 
+def test_a_valid_event_with_a_negative_timestamp_is_refused(tmp_path):
+    """The spec's stamps are int32 µs >= 0 (eventTSOverflow counts the wraps); a negative
+    one had been read with its sign bit dropped, a plausible but wrong time. An invalid
+    event's stamp is not read."""
+    path = tmp_path / "signed.aedat"
+    path.write_bytes(SPEC_HEADER + spec_polarity([(1, 2, 1, 100, 1), (3, 4, 0, -5, 0), (5, 6, 1, -7, 1)]))
+    with pytest.raises(DataError, match=r"signed\.aedat: 1 valid polarity event\(s\) have a negative timestamp "
+                                        r"\(the first, valid event 1: -7\)"):
+        read_aedat31(path)
+
+
 def test_a_header_without_an_end_line_is_refused(tmp_path):
     path = tmp_path / "open.aedat"
     path.write_bytes(b"#!AER-DAT3.1\r\n#Format: RAW\r\n" + spec_polarity([(1, 2, 1, 100, 1)]))
