@@ -80,6 +80,25 @@ def _bin_index(times: np.ndarray, width: float, stored: np.dtype) -> np.ndarray:
     return index
 
 
+def host_memory() -> int | None:
+    """Bytes of this machine's physical memory; None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_fits(entries: int, what: str, source: str) -> None:
+    """A ``ConfigError`` when ``entries`` float32 counts (``what`` they are) are more
+    than the machine's memory: the fill would end in swapping or the process killed,
+    hours in, instead of an error naming the binning to change."""
+    need, available = entries * 4, host_memory()
+    if available is not None and need > available:
+        raise ConfigError(f"{source}: the binned data {what} {need / 2**30:.1f} GiB (float32), more than this "
+                          f"machine's {available / 2**30:.1f} GiB of memory: bin coarser (a larger dt or fewer "
+                          f"num_bins), keep less of each sample (max_time) or fewer units (DVS Gesture's downsample)")
+
+
 def _most_exact(dtype: np.dtype) -> int | None:
     """The largest count ``dtype`` holds exactly: its maximum for integers,
     ``2**(mantissa bits + 1)`` for floats (2048 for float16); None for other kinds
@@ -250,10 +269,17 @@ def bin_samples(
     check_binning(dt, num_bins, max_time, "bin_samples")
     fixed = num_bins if num_bins is not None else (
         int(np.ceil(np.round(max_time / dt, _EDGE_DECIMALS))) if max_time is not None else None)
-    filled = np.zeros((count, fixed, num_units), np.float32) if count is not None and fixed is not None else None
-    counts, lengths, emptied, earliest = [], [], 0, np.inf
+    filled = None
+    if count is not None and fixed is not None:
+        _check_fits(count * fixed * num_units, f"({count} samples x {fixed} steps x {num_units} units) would take",
+                    source)
+        filled = np.zeros((count, fixed, num_units), np.float32)
+    counts, lengths, emptied, earliest, held = [], [], 0, np.inf, 0
     for i, (times, units) in enumerate(samples):
         sample = bin_events(times, units, num_units, dt=dt, num_bins=num_bins, duration=max_time)
+        if filled is None:  # the count or the length unknown: stopped as soon as the samples are too much
+            held += sample.shape[0] * num_units
+            _check_fits(held, f"of the first {i + 1} samples ({num_units} units) takes", source)
         if len(times) and not sample.any():  # every event at or after max_time
             emptied, earliest = emptied + 1, min(earliest, float(np.min(times)))
         active = np.flatnonzero(sample.any(axis=1))
@@ -275,7 +301,10 @@ def bin_samples(
         if len(lengths) != count:
             raise DataError(f"bin_samples: count={count} but the samples gave {len(lengths)}")
         return filled, np.asarray(lengths, np.int64)
-    x, _ = pad_sequences(counts, length=max(max(lengths), max(len(c) for c in counts)))
+    steps = max(max(lengths), max(len(c) for c in counts))
+    _check_fits(len(counts) * steps * num_units,
+                f"padded to the longest sample ({len(counts)} x {steps} steps x {num_units} units) would take", source)
+    x, _ = pad_sequences(counts, length=steps)
     return x, np.asarray(lengths, np.int64)
 
 

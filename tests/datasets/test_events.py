@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from etrace_fit.datasets import bin_events, bin_samples, cached, pad_sequences
+from etrace_fit.datasets import events as events_module
 from etrace_fit.datasets.events import cache_file
 from etrace_fit.errors import ConfigError, DataError
 from etrace_fit.training.data import Batch, placement
@@ -257,3 +258,30 @@ def test_padded_samples_equal_each_sample_binned_alone_and_the_mask_covers_their
         np.testing.assert_array_equal(x[i, : len(a)], a)
         assert not x[i][~mask[i]].any()  # padding holds nothing
         assert x[i].sum() == 50
+
+
+def test_binning_more_than_the_machines_memory_is_refused_before_the_fill(monkeypatch):
+    """All of N-MNIST's training set in 1 ms bins is 60000 x 300 x 2312 float32 counts,
+    ~155 GiB: the fill had run until the machine swapped or killed the process. Now a
+    ConfigError names the size and what to change, before a sample is binned when the
+    count and length are known, else as soon as the samples binned are too many."""
+    monkeypatch.setattr(events_module, "host_memory", lambda: 1000)
+    read = []
+
+    def samples(n):
+        for k in range(n):
+            read.append(k)
+            yield np.array([0.001, 0.002]), np.array([0, 1])
+
+    with pytest.raises(ConfigError, match=r"^loader: the binned data \(3 samples x 10 steps x 10 units\) would take "
+                                          r"0\.0 GiB \(float32\), more than this machine's 0\.0 GiB of memory: bin "
+                                          r"coarser \(a larger dt or fewer num_bins\)"):
+        bin_samples(samples(3), 10, dt=0.001, max_time=0.01, count=3, source="loader")
+    assert read == []
+    with pytest.raises(ConfigError, match=r"^loader: the binned data of the first 3 samples \(10 units\) takes"):
+        bin_samples(samples(20), 10, dt=0.001, max_time=0.01, source="loader")
+    assert read == [0, 1, 2]  # 3 x 10 x 10 x 4 bytes > 1000: stopped there
+    monkeypatch.setattr(events_module, "host_memory", lambda: 10**6)
+    x, lengths = bin_samples(samples(3), 10, dt=0.001, max_time=0.01, count=3)
+    assert x.shape == (3, 10, 10) and lengths.tolist() == [3, 3, 3]
+
