@@ -28,6 +28,7 @@ __all__ = ["ALL_DIRECT", "ALL_THROUGH_OTHER_ETP", "MIXED", "OperandSource", "Rel
 
 ALL_DIRECT, ALL_THROUGH_OTHER_ETP, MIXED = "all_direct", "all_through_other_etp", "mixed"
 _DIRECT, _THROUGH = 1, 2
+_PRODUCTS = frozenset({"mul", "dot_general", "div", "conv_general_dilated"})
 _CLASS = {_DIRECT: ALL_DIRECT, _THROUGH: ALL_THROUGH_OTHER_ETP, _DIRECT | _THROUGH: MIXED}
 
 
@@ -143,6 +144,14 @@ class _Backtracer:
             chain.append(eqn.primitive.name)
             var = sources[0]
 
+    def _name(self, eqn: Any) -> str:
+        """The primitive's name, marked where a product combines two values made of
+        parameters (``w * w``, ``A @ B``): unlike a product by a constant, it is not
+        linear in them (what ``learner._nonlinear_map`` reads)."""
+        dynamic = sum(not isinstance(v, _compat.Literal) and v in self.dynamic for v in eqn.invars)
+        name = eqn.primitive.name
+        return f"{name}(parameter x parameter)" if dynamic > 1 and name in _PRODUCTS else name
+
     def trace_all(self, var: Any) -> tuple[list[tuple[tuple, str, tuple[str, ...]]], str | None]:
         """``([(path, leaf, chain), ...], problem)``: the one ``ParamState`` leaf ``var``
         comes from (:meth:`trace`), or, for an operand computed from several (a LoRA
@@ -170,8 +179,8 @@ class _Backtracer:
             primitives[id(eqn)] = eqn
             stack.extend(eqn.invars)
         order = {id(eqn): n for n, eqn in enumerate(self.producer.values())}
-        combined = tuple(dict.fromkeys(eqn.primitive.name for eqn in
-                                       sorted(primitives.values(), key=lambda e: order[id(e)])))
+        combined = tuple(dict.fromkeys(self._name(eqn)
+                                       for eqn in sorted(primitives.values(), key=lambda e: order[id(e)])))
         position = {leaf: n for n, leaf in enumerate(self.leaf_of.values())}
         return [(p, l, combined) for p, l in sorted(set(leaves), key=position.__getitem__)], None
 

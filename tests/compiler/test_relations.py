@@ -12,17 +12,21 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import etrace_fit as ef
 from etrace_fit import _compat
 from etrace_fit import layers as L
 from etrace_fit import ops
+from etrace_fit.algorithms.hybrid import make_plan
+from etrace_fit.algorithms.learner import _nonlinear_map
 from etrace_fit.compiler import ALL_DIRECT, ALL_THROUGH_OTHER_ETP, MIXED, DiagnosticKind, Level
 
 from ._helpers import (B, I, N, CopiesItsState, alif_net, eqn_outputs, gru, leaf_positions, lif_net, linear,
@@ -189,6 +193,33 @@ def test_a_weight_masked_outside_the_op_is_traced_back_through_the_multiply(env6
 def test_a_chain_of_plain_ops_is_recorded_in_order(env64):
     graph = ef.compile_graph(Leaky(lambda x, w: ops.matmul(x, jnp.abs(w) * MASK)), jnp.ones((B, I)))
     assert _relation(graph, "w").operands[0].chain == ("abs", "mul")
+
+
+@pytest.mark.parametrize("drive, chain, map_", [
+    (lambda x, w: ops.matmul(x, w * w), ("mul(parameter x parameter)",), "mul(parameter x parameter)"),
+    (lambda x, w: ops.matmul(x, w ** 2), ("integer_pow",), "integer_pow"),
+    (lambda x, w: ops.matmul(x, 2 * w + w), ("mul", "add"), None),
+], ids=["w*w", "w**2", "2w+w"])
+def test_a_product_of_a_parameter_with_itself_is_marked_nonlinear(env64, drive, chain, map_):
+    """``w * w`` is as nonlinear as ``w ** 2``, but its chain read ``("mul",)``, the chain of
+    a product by a constant: with update_every its traces' error went unwarned. ``2 w +
+    w`` stays linear."""
+    model = Leaky(drive)
+    graph = ef.compile_graph(model, jnp.ones((B, I)))
+    assert _relation(graph, "w").operands[0].chain == chain
+    plan = make_plan(graph, "d_rtrl", alpha=None, batch=B)
+    assert _nonlinear_map(plan.pairs[0], graph) == map_
+    xs = jnp.asarray(rand(8, 6, B, I))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ef.online_fit(model, xs, jnp.zeros((6, B, N)), lambda out, y: ((out - y) ** 2).sum(), optax.sgd(0.1),
+                      update_every=3, algo="d_rtrl")
+    named = [str(w.message) for w in caught if issubclass(w.category, ef.ApproximationWarning)]
+    assert named == ([] if map_ is None else [
+        f"the online gradients of w (through {map_}) are approximate with update_every=3: their traces follow the "
+        "value the op reads, mapped back to the parameter through the function's derivative at the current "
+        "parameter, and the updates change the parameter within the traces' memory (the error grows with the "
+        "learning rate); one update per sequence keeps them exact"])
 
 
 def test_a_weight_fn_appears_in_the_chain(env64):
