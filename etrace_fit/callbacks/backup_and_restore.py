@@ -155,6 +155,6 @@ class BackupAndRestore(Callback):
 
     def on_train_end(self, logs=None):
         if self.delete_on_finish and not getattr(self, "_unfinished", False) and is_main_process():
-            for path in (self.latest, self.previous, self.next):
+            for path in (self.next, self.previous, self.latest):  # the last epoch's last: a stop between trains none
                 if os.path.exists(path):
                     os.remove(path)

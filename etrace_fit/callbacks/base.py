@@ -289,9 +289,18 @@ class CallbackList:
         return {key: c.state_dict() for key, c in zip(self._keys(), self.callbacks)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Each callback's saved state, by state key; a :class:`~etrace_fit.CheckpointError`
+        naming a callback whose ``load_state_dict`` fails on it (a state its code now
+        reads otherwise)."""
         for key, callback in zip(self._keys(), self.callbacks):
             if key in state:
-                callback.load_state_dict(state[key])
+                try:
+                    callback.load_state_dict(state[key])
+                except Exception as error:  # the user's code: any error means the state does not fit
+                    from ..errors import CheckpointError
+
+                    raise CheckpointError(f"the saved state of callback {key!r} cannot be restored "
+                                          f"({type(error).__name__}: {error})") from error
 
     def array_state(self) -> dict[str, Any]:
         """Each callback's :meth:`~Callback.array_state` that is not ``None``, by state key."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import os
 import tempfile
 import warnings
@@ -66,6 +67,8 @@ class CSVLogger(Callback):
                               f"(e.g. {os.path.join(self.filename, 'log.csv')!r})")
         if os.path.exists(self.filename) and not os.access(self.filename, os.W_OK):
             raise ConfigError(f"CSVLogger: cannot write to {self.filename!r} (read-only); give a writable path")
+        for leftover in glob.glob(glob.escape(self.filename) + ".????????.tmp"):  # a killed _rewrite's (mkstemp)
+            os.remove(leftover)
         self._keys = None
         resume = getattr(self.model, "resume_epoch", None)
         if resume is not None:  # keep the rows of the epochs the backup holds

@@ -4,6 +4,7 @@ guarantees live in :mod:`etrace_fit.checkpoint`)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping
@@ -37,33 +38,86 @@ class Persistence:
 
     def save(self, path: Any, overwrite: bool = True) -> None:
         """Write weights, optimizer state, epoch, history and callback state to ``path``
-        (atomically; see :mod:`etrace_fit.checkpoint`). ``overwrite=False``: a
-        ``ConfigError`` if ``path`` exists (Keras asks at a prompt; a training script
-        has none). In a multi-host run only process 0 writes (the weights and optimizer
+        (atomically; see :mod:`etrace_fit.checkpoint`), with brainstate's global random key
+        and, during ``fit``, a stateful trainer's streams that go on (restored with them).
+        ``overwrite=False``: a ``ConfigError`` if ``path`` exists (Keras asks at a prompt;
+        a training script has none). In a multi-host run only process 0 writes (the weights and optimizer
         state are replicated: every process holds the same); the others return at once
         (``BackupAndRestore`` waits for the file at a barrier)."""
         _check_overwrite("save", path, overwrite)
         state = {"params": {format_path(p): s.value for p, s in self._params().items()},
                  "opt_state": self.opt_state if self.opt_state is not None else {},
                  "long_term": {format_path(p): s.value for p, s in _long_term(self._model).items()},
-                 "callbacks": self._callbacks.array_state()}
+                 "callbacks": self._callbacks.array_state(),
+                 # a random initial state (hidden(init=Uniform(...))) draws from it at every batch
+                 "random_key": _key_data(brainstate.random.get_key())}
         rates = None if self._state is None else self._state.rates
         if rates is not None:  # the regularisers' running rate estimates: a resumed run goes on with them
             state["rates"] = {str(n): {"sums": dict(held[0]), "count": held[1]}
                               for n, held in enumerate(rates) if held is not None}
         extra = {"epoch": self.epoch, "iterations": self.iterations, "history": self.history.history,
-                 "history_epochs": self.history.epoch,
+                 "history_epochs": self.history.epoch, "epochs_run": self._epochs_run,
+                 "shuffle_offset": self._shuffle_offset,
                  "callbacks": self._callbacks.state_dict(), "config": self.config,
                  "has_opt_state": self.opt_state is not None, "process_count": jax.process_count(),
                  "pending_learning_rate": self._pending_learning_rate}
+        mid_stream = self.stateful and self._stream is not None and not self._streams_end
+        if mid_stream and self._fitting:  # streams that go on into the next epoch: a backup holds them
+            state["streams"] = self._stream_state()
         if not is_main_process():
             return
-        if self.stateful and self._stream is not None:
+        if mid_stream and "streams" not in state:
             warnings.warn(f"save({os.fspath(path)!r}) in the middle of a stream (stateful=True): the checkpoint holds "
                           f"the weights and optimizer state, not the streams' hidden states and traces, so a "
                           f"trainer restored from it starts its streams afresh; save after reset_states() (at a "
                           f"stream's end) to mark that", UserWarning, stacklevel=2)
         checkpoint.write_checkpoint(path, state, params_fingerprint=self._fingerprint(), extra=extra)
+
+    def _stream_state(self) -> dict:
+        """A stateful trainer's running streams: their batch size, the hidden states where
+        the last batch ended (by path) and the eligibility traces (by position)."""
+        self._sync.pending = True  # into the model as the training state holds them (a validation ran it since)
+        self._push()
+        hidden = {format_path(p): s.value for p, s in self._model.states(brainstate.HiddenState).items()}
+        traces = jax.tree.leaves(self._state.traces)
+        if self._state.traces is None and self._saved_traces is not None:  # restored, no batch run since
+            traces = self._saved_traces
+        traces = {str(n): leaf for n, leaf in enumerate(traces)}
+        return {"size": self._stream, "hidden": hidden, "traces": traces}
+
+    def _restored_streams(self, path: Any, state: dict) -> tuple | None:
+        """``(batch size, [(hidden state, saved value)], saved trace leaves)`` of the streams
+        a checkpoint written during ``fit`` holds (:meth:`_stream_state`), or None; a
+        :class:`CheckpointError` naming a hidden state that does not fit the model."""
+        saved = state.get("streams")
+        if saved is None or not self.stateful:
+            return None
+        size, hidden = int(saved["size"]), dict(saved["hidden"])
+        if not self._model.states(brainstate.HiddenState):  # a model no batch has run through yet
+            self._ensure_states(size)
+        held = {format_path(p): s for p, s in self._model.states(brainstate.HiddenState).items()}
+
+        def shape(states, name):
+            return np.shape(getattr(states[name], "value", states[name])) if name in states else "absent"
+
+        differ = [f"{name}: saved {shape(hidden, name)}, the model's {shape(held, name)}"
+                  for name in sorted(set(hidden) | set(held)) if shape(hidden, name) != shape(held, name)]
+        if differ:
+            raise CheckpointError(f"{path}: the saved streams' hidden states (stateful=True) do not fit the model's: "
+                                  + "; ".join(differ))
+        traces = dict(saved.get("traces") or {})
+        return (size, [(held[name], jnp.asarray(hidden[name])) for name in held],
+                [traces[str(n)] for n in range(len(traces))])
+
+    def _restored_traces(self, fresh: Any) -> Any:
+        """The eligibility traces of the streams a restored checkpoint holds, shaped as
+        ``fresh`` (the program's zero traces); a :class:`CheckpointError` if they do not fit."""
+        expected = jax.tree.leaves(fresh)
+        if [np.shape(leaf) for leaf in self._saved_traces] != [np.shape(leaf) for leaf in expected]:
+            raise CheckpointError("the restored streams' eligibility traces do not fit this trainer's rules (saved "
+                                  "under another algo?); call reset_states() to start the streams afresh")
+        return jax.tree.unflatten(jax.tree.structure(fresh), [jnp.asarray(saved, leaf.dtype) for saved, leaf in
+                                                              zip(self._saved_traces, expected)])
 
     def save_weights(self, path: Any, overwrite: bool = True) -> None:
         """Keras' ``save_weights``: the model's weights (and its long-term states: dropout
@@ -165,7 +219,9 @@ class Persistence:
         not fit the model, the optimizer or ``update_every``, naming what differs. The
         learning rate is part of the optimizer state, so the saved one is restored too;
         a warning says so when it differs from the one this trainer's optimizer had
-        (set ``trainer.learning_rate`` afterwards to use yours)."""
+        (set ``trainer.learning_rate`` afterwards to use yours). brainstate's global
+        random key becomes the saved one, and a stateful trainer's streams go on from
+        the file's (start afresh if it holds none)."""
         return self._restore(path, note_learning_rate=True)
 
     def _restore(self, path: Any, note_learning_rate: bool) -> dict:
@@ -189,21 +245,35 @@ class Persistence:
             epoch, epochs = int(manifest["epoch"]), [int(e) for e in manifest["history_epochs"]]
             history = {str(k): [float(x) for x in v] for k, v in dict(manifest["history"]).items()}
             callbacks = dict(manifest.get("callbacks", {}))
+            # files written before these were kept: the epochs of the history, shuffled from the seed
+            epochs_run, offset = int(manifest.get("epochs_run", len(epochs))), int(manifest.get("shuffle_offset", 0))
+            random_key = state.get("random_key")
+            random_key = None if random_key is None else jnp.asarray(random_key, jnp.uint32)
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"{path}: the checkpoint lacks or garbles {error} (written by another program?)"
                                   ) from error
         long_term = _restored_long_term(path, self._model, state)
+        streams = self._restored_streams(path, state)
         rates = self._restored_rates(path, state)
         # A file saved before any batch holds no optimizer state: the restored trainer starts a fresh one (the
         # current one's moments and step count belong to the training since), as it does the rates.
         opt_state = self._restored_opt_state(path, manifest, state, params) if manifest.get("has_opt_state") else None
+        try:  # before the trainer changes: a state a callback cannot take leaves it as it was
+            self._callbacks.load_state_dict(callbacks)
+        except CheckpointError as error:
+            raise CheckpointError(f"{path}: {error}") from error.__cause__
+        self._callbacks.load_array_state(dict(state.get("callbacks") or {}))  # older checkpoints hold none
         for path_, param in self._params().items():
             param.value = params[path_]
         for held, value in long_term:
             held.value = value
         self._model_touched = True
         self.opt_state = opt_state
-        self._state = self._state._replace(rates=rates)  # None: estimated afresh from the next batch
+        # None: estimated afresh from the next batch; the streams go on from the file's, or start afresh
+        self._state = self._state._replace(rates=rates, traces=None)
+        self._stream, self._saved_traces = (None, None) if streams is None else (streams[0], streams[2])
+        for held, value in [] if streams is None else streams[1]:
+            held.value = value
         if opt_state is None:
             pending = manifest.get("pending_learning_rate")
             self._pending_learning_rate = None if pending is None else float(pending)
@@ -213,10 +283,11 @@ class Persistence:
         self.epoch = epoch
         self.iterations = int(manifest.get("iterations", 0))  # files written before it was kept: 0
         # shuffles go on from the restored run's epochs (a fit from epoch 0 after restoring a file
-        # saved before training reads what a fresh trainer does)
-        self._epochs_run = len(epochs)
-        self._callbacks.load_state_dict(callbacks)
-        self._callbacks.load_array_state(dict(state.get("callbacks") or {}))  # older checkpoints hold none
+        # saved before training reads what a fresh trainer does); a fit BackupAndRestore resumes
+        # shuffles as the interrupted fit did (from the epochs its trainer had run before it)
+        self._epochs_run, self._shuffle_offset = epochs_run, offset
+        if random_key is not None:  # the random draws go on where the saved run's were
+            brainstate.random.set_key(random_key)
         after = self.learning_rate if before is not None else None
         if before is not None and after is not None and not np.isclose(before, after, rtol=1e-6, atol=0.0):
             warnings.warn(f"{path}: the saved learning rate {after:g} replaces this optimizer's {before:g} (the rate "
@@ -319,6 +390,15 @@ class Persistence:
                                     memory_budget=config.get("memory_budget")):
             if name not in overrides:  # saved before the Trainer refused it (it was ignored): it stays ignored
                 config.pop(name)
+        from .. import __version__
+
+        known = inspect.signature(cls.__init__).parameters
+        unknown = {k: v for k, v in config.items() if k not in known and k not in overrides}
+        if unknown:  # written by a newer release: its constructor raised a raw TypeError
+            raise CheckpointError(f"{path} was written by etrace_fit {manifest.get('package_version', '?')} with "
+                                  f"settings this etrace_fit ({__version__}) does not know: "
+                                  f"{', '.join(f'{k}={v!r}' for k, v in unknown.items())}; upgrade etrace_fit, or "
+                                  f"build the Trainer yourself and read the weights with trainer.load_weights(path)")
         saved_optimizer = config.pop("optimizer", None)
         trainer = cls(model, optimizer=saved_optimizer if optimizer is None else optimizer, **config)
         trainer._restore(path, note_learning_rate=optimizer is not None)  # a rate you gave, replaced: say so
@@ -382,6 +462,11 @@ def frozen_param_count(model: Any) -> int:
     values = {format_path(path): state.value for path, state in model.states(brainstate.ParamState).items()}
     return sum(int(np.size(values[name][leaf] if isinstance(values[name], dict) else values[name]))
                for name, leaves in frozen_weights(model).items() for leaf in leaves)
+
+
+def _key_data(key: Any) -> Any:
+    """A random key's ``uint32`` data (a typed key's ``key_data``; a raw key as it is)."""
+    return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
 
 
 def _long_term(model: Any) -> dict:

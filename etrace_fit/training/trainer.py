@@ -322,6 +322,8 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.stateful = stateful
         self.regularizers, self._step_fn = self._resolve_regularizers(regularizers)
         self._stream: int | None = None  # stateful: the running streams' batch size; None: start afresh
+        self._streams_end = False  # at an epoch's end after which the streams start afresh (save: nothing lost)
+        self._saved_traces: list | None = None  # a restored checkpoint's streams' traces, until their next batch
         if decay is not None:
             resolve_decay(decay, None)  # a ConfigError now, not at the first fit
         if metrics is not None and not isinstance(metrics, (str, list, tuple)):  # (a string: refused with a fix)
@@ -346,6 +348,7 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         self.algo, self.decay, self.loss_on = algo, decay, loss_on
         self.time_major, self.seed, self.update_every = time_major, seed, update_every
         self._epochs_run = 0  # epochs trained by every fit so far: the next fit's shuffles go on from them
+        self._shuffle_offset = 0  # the last fit's: epoch e shuffles with seed + offset + e (saved, for a resume)
         self.memory_budget, self.trace_dtype = memory_budget, trace_dtype
         self.loss_fn = get_loss(loss)
         self.metric_fns = get_metrics(metrics)
@@ -543,7 +546,12 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         the model up to date: every caller is about to run it)."""
         self._push()
         if not self._model.states(brainstate.HiddenState):
+            key = brainstate.random.get_key()
             brainstate.nn.init_all_states(self._model, batch_size=batch_size)
+            # Creating them draws nothing from the global key (every batch's reset draws its own
+            # random initial states): a run resumed from a backup, whose fresh model creates them
+            # after the key is restored, draws on as the uninterrupted run does.
+            brainstate.random.set_key(key)
         if not self._resets_checked:  # once: a hidden state no reset_state writes would leak across batches
             check_hidden_states_reset(self._model, batch_size)
             self._resets_checked = True
@@ -913,13 +921,19 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             validation = iter(validation)  # read on across validations (validation_steps)
         per_pass = _batches_per_pass(len(x), batch_size, drop_remainder) if is_array else None
         _check_stateful_passes(self.stateful, steps_per_epoch, per_pass)
-        hooks.on_train_begin({})
-        if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
-            initial_epoch = max(initial_epoch, self.resume_epoch)
         # Shuffles go on from the epochs this trainer ran when a fit numbers its epochs from 0
         # (Keras shuffles anew at every fit: three fit(epochs=1) calls read one order three
-        # times); a fit from initial_epoch (a resume) shuffles as its epochs' numbers say.
-        seed = self.seed + (self._epochs_run if initial_epoch == 0 else 0)
+        # times); a fit from initial_epoch shuffles as its epochs' numbers say.
+        self._shuffle_offset = self._epochs_run if initial_epoch == 0 else 0
+        hooks.on_train_begin({})  # a BackupAndRestore restores the interrupted fit's offset
+        if self.resume_epoch is not None:  # a BackupAndRestore callback restored a run
+            initial_epoch = max(initial_epoch, self.resume_epoch)
+            if not is_array and read_once(x) and initial_epoch < epochs:  # no backup can hold where it stood
+                warnings.warn(f"BackupAndRestore resumed this fit at epoch {initial_epoch + 1}, but x is an iterator "
+                              f"(a generator, say), read from its start, not where epoch {initial_epoch} ended: the "
+                              f"resumed epochs train on other batches than an uninterrupted run (for an exact resume "
+                              f"give arrays, a list of batches or a Sequence)", RuntimeWarning, stacklevel=3)
+        seed = self.seed + self._shuffle_offset
         for epoch in range(initial_epoch, epochs):
             start = time.perf_counter()
             if _data_starts_afresh(epoch, initial_epoch, steps_per_epoch, per_pass, read_once(x)):
@@ -1011,7 +1025,13 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
             self._push()  # the model is current at every epoch's end
             self._check_norms(epoch)
             self._epochs_run += 1
-            hooks.on_epoch_end(epoch, epoch_logs)
+            # a stateful trainer's streams end here when the next epoch reads the data from its start:
+            # a checkpoint written now (a backup) misses nothing of them
+            self._streams_end = _data_starts_afresh(epoch + 1, initial_epoch, steps_per_epoch, per_pass, read_once(x))
+            try:
+                hooks.on_epoch_end(epoch, epoch_logs)
+            finally:
+                self._streams_end = False
             self._last_epoch_logs = epoch_logs
             if verbose == 2:
                 print(epoch_line(epoch, epochs, epoch_logs, time.perf_counter() - start), flush=True)
@@ -1235,7 +1255,11 @@ class Trainer(Evaluation, Dashboards, Persistence, LearningRate):
         if self.stateful and stream is not False:  # the states go on from the last batch; the traces too
             start = not self._continue_stream(batch)
             if state.traces is None:
-                state = state._replace(traces=compiled.program.init_traces(batch))
+                traces = compiled.program.init_traces(batch)
+                if self._saved_traces is not None and not start:  # a restored checkpoint's streams go on
+                    traces = self._restored_traces(traces)
+                state = state._replace(traces=traces)
+            self._saved_traces = None
         fresh = None
         if start:  # the reset positions' old values are not read: one input signature per batch shape
             states = list(state.states)

@@ -213,6 +213,29 @@ def test_a_write_that_fails_names_the_checkpoint_not_the_temporary_file(tmp_path
     assert os.listdir(tmp_path) == []
 
 
+def test_a_checkpoint_of_a_newer_version_with_an_unknown_setting_says_so_at_load(tmp_path):
+    """A file whose configuration holds a setting this etrace_fit does not know (written
+    by a newer version) failed in Trainer.load with Python's raw TypeError from the
+    constructor ("unexpected keyword argument")."""
+    import hashlib
+
+    trainer, path = _saved(tmp_path, epochs=1)
+    data = path.read_bytes()
+    magic = b"ETRACE-FIT-CHECKPOINT\n"
+    header_end = data.index(b"\n", len(magic)) + 1
+    header = json.loads(data[len(magic):header_end])
+    manifest = json.loads(data[header_end:header_end + header["manifest_bytes"]])
+    payload = data[header_end + header["manifest_bytes"]:]
+    manifest["config"]["label_smoothing"] = 0.1  # a setting of a newer release
+    manifest["package_version"] = "9.0.0"
+    written = json.dumps(manifest, sort_keys=True).encode()
+    header.update(manifest_bytes=len(written), sha256=hashlib.sha256(written + payload).hexdigest())
+    path.write_bytes(magic + json.dumps(header, sort_keys=True).encode() + b"\n" + written + payload)
+    with pytest.raises(CheckpointError, match=r"run\.ckpt was written by etrace_fit 9\.0\.0 with settings this "
+                                              r"etrace_fit .* does not know: label_smoothing=0\.1; .*load_weights"):
+        ef.Trainer.load(path, _model())
+
+
 def test_a_callable_loss_must_be_passed_again_at_load(tmp_path):
     def halved_cross_entropy(output, label):
         return 0.5 * optax.softmax_cross_entropy_with_integer_labels(output, label)
@@ -416,6 +439,36 @@ def test_temporary_files_of_a_killed_write_are_removed_at_start(tmp_path):
         ModelCheckpoint(str(tmp_path / "ckpt" / "{epoch}.ckpt"))])
     assert sorted(os.listdir(tmp_path / "backup")) == ["latest.ckpt"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["1.ckpt", "mine.txt"]
+
+
+def test_a_csv_rewrite_killed_midway_leaves_no_temporary_file_after_the_next_start(tmp_path):
+    """A resumed CSVLogger rewrites its file without the rows past the resumed epoch,
+    through a temporary file beside it; killed there (SIGKILL at its fsync), the
+    temporary file stayed in the user's folder for good."""
+    import subprocess
+    import sys
+    import textwrap
+
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,loss\n0,0.7\n1,0.6\n2,0.5\n")
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from etrace_fit.callbacks import CSVLogger
+
+        class Resumed:  # a trainer BackupAndRestore resumed at epoch 1
+            resume_epoch = 1
+
+        logger = CSVLogger(sys.argv[1])
+        logger.set_model(Resumed())
+        os.fsync = lambda descriptor: os.kill(os.getpid(), signal.SIGKILL)
+        logger.on_train_begin()
+    """)
+    killed = subprocess.run([sys.executable, "-c", script, str(log)], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert len(os.listdir(tmp_path)) == 2  # log.csv as it was, and the rewrite's temporary file
+    x, y = _data()
+    ef.Trainer(_model()).fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[CSVLogger(str(log))])
+    assert os.listdir(tmp_path) == ["log.csv"]
 
 
 def test_terminate_on_nan_with_a_backup_resumes_from_the_last_finite_epoch(tmp_path):
