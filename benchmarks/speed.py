@@ -489,9 +489,10 @@ SUMMARY = [
     "against 82, ~10 ms of XLA's compile each), and both medians are a second or third epoch's end, so the "
     "start decides. The batch's lead is BPTT's page faults under glibc's default allocator; with its "
     "settings changed, BPTT's batch is the faster one (1.18–1.49×, below).",
-    "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead (0.99× "
-    "the bare step's wall time, 1.02× its CPU time; `benchmarks/trainer_overhead.py`, 2026-11-27), chunked "
-    "equal to per-step in float64.",
+    "- **Everything else the issue asks for holds**: temp memory flat in T, the Trainer's overhead "
+    "(`benchmarks/trainer_overhead.py`, a step of 10 ms: 1.06× the bare step's wall and CPU time at T = 300 on "
+    "the targets' machine of 2026-11-29, 0.99× and 1.02× at T = 130 on that of 2026-11-27), chunked equal to "
+    "per-step in float64.",
     "- **How these were measured**: in one process a ratio moves by up to 20 % with the order the programs "
     "are built and run in. So the H = 128 rows are medians over fresh processes, each building the rules in "
     "a turned order (`--processes 5` at B = 16, 3 at B = 64).",

@@ -3,15 +3,18 @@
     python benchmarks/trainer_overhead.py [--length 130] [--algo d_rtrl] [--batches 20] [--epochs 1] [--rounds 5]
 
 The model is ``GRUCell(64, 128) → Linear(128, 10)``, batch 16, classification at the
-last step (the Trainer's defaults), whose step takes about 11 ms here at T = 130 (the
-issue's "a model whose step takes 10 ms"; T = 60 took 10 ms before the engine's chunks
-and 5 ms on 2026-11-26). After
+last step (the Trainer's defaults), whose step took about 11 ms at T = 130 on the
+machine of 2026-11-27 (the issue's "a model whose step takes 10 ms"; T = 60 took 10 ms
+before the engine's chunks and 5 ms on 2026-11-26). Pick ``--length`` so that the bare
+step takes about 10 ms on the machine at hand: on that of 2026-11-29 T = 130 took 5 ms
+and T = 300 10 ms. The fit's work per call is fixed, so a shorter step reads a larger
+ratio (there 1.09–1.12× at T = 130, 1.06× at T = 300). After
 one warm-up epoch, each round times (a) the Trainer's own jitted step called
 ``--batches`` times on one batch, blocking once at the end — the device time with no
 host work in between — and (b) one ``fit`` call of ``--epochs`` epochs over ``--batches``
 batches each (``verbose=0``: batching, the per-batch host path, callbacks, the epochs'
 logs and the per-call work: ``fit`` re-traces the model once to see whether a layer
-attribute changed, ~20 ms here).
+attribute changed, ~3 ms on the machine of 2026-11-29).
 Rounds alternate (a) and (b); the table gives medians per batch of wall and CPU time
 and the ratio fit / bare.
 """
