@@ -71,17 +71,22 @@ def test_every_bit_flip_in_header_or_manifest_is_a_checkpoint_error(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_format_1_checkpoint_is_still_read_with_a_warning(tmp_path):
-    """Files written before 0.3 (checksum over the payload only) load, and say so."""
-    import hashlib
-
-    trainer, path = _saved(tmp_path, epochs=1)
+def _parts(path):
+    """``(magic line, header, manifest, payload)`` of a checkpoint file, by its layout."""
     data = path.read_bytes()
     magic = b"ETRACE-FIT-CHECKPOINT\n"
     header_end = data.index(b"\n", len(magic)) + 1
     header = json.loads(data[len(magic):header_end])
     manifest = json.loads(data[header_end:header_end + header["manifest_bytes"]])
-    payload = data[header_end + header["manifest_bytes"]:]
+    return magic, header, manifest, data[header_end + header["manifest_bytes"]:]
+
+
+def test_a_format_1_checkpoint_is_still_read_with_a_warning(tmp_path):
+    """Files written before 0.3 (checksum over the payload only) load, and say so."""
+    import hashlib
+
+    trainer, path = _saved(tmp_path, epochs=1)
+    magic, _, manifest, payload = _parts(path)
     manifest.update(format_version=1, payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest())
     old = tmp_path / "old.ckpt"
     old.write_bytes(magic + json.dumps(manifest, sort_keys=True).encode() + b"\n" + payload)
@@ -220,12 +225,7 @@ def test_a_checkpoint_of_a_newer_version_with_an_unknown_setting_says_so_at_load
     import hashlib
 
     trainer, path = _saved(tmp_path, epochs=1)
-    data = path.read_bytes()
-    magic = b"ETRACE-FIT-CHECKPOINT\n"
-    header_end = data.index(b"\n", len(magic)) + 1
-    header = json.loads(data[len(magic):header_end])
-    manifest = json.loads(data[header_end:header_end + header["manifest_bytes"]])
-    payload = data[header_end + header["manifest_bytes"]:]
+    magic, header, manifest, payload = _parts(path)
     manifest["config"]["label_smoothing"] = 0.1  # a setting of a newer release
     manifest["package_version"] = "9.0.0"
     written = json.dumps(manifest, sort_keys=True).encode()
