@@ -71,16 +71,14 @@ def download(url: str, dest: str | os.PathLike, sha256: str | None = None, *, ti
             raise DataError(f"download of {url}: sha256 mismatch, expected {sha256.lower()}, got {got}; the file is "
                             f"corrupt or changed upstream, {dest} was not written. Check the URL or {manual}")
         if unpack:
-            packed, temporary = temporary, temporary + ".unpacked"
             try:
-                with gzip.open(packed, "rb") as source, open(temporary, "wb") as target:
-                    shutil.copyfileobj(source, target, _CHUNK)
-            except (OSError, EOFError) as exc:
-                raise DataError(f"download of {url}: not a valid gzip file ({exc}); {dest} was not written; "
-                                f"{manual}") from exc
-            finally:
-                os.unlink(packed)
-        os.replace(temporary, dest)
+                gunzip(temporary, dest)
+            except DataError as exc:
+                raise DataError(f"download of {url}: not a valid gzip file ({exc.__cause__}); {dest} was not "
+                                f"written; {manual}") from exc.__cause__
+            os.unlink(temporary)
+        else:
+            os.replace(temporary, dest)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
